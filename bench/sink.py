@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""A ZeroMQ PULL receiver that stands in for Logstash's zeromq input.
+
+Binds (or connects) a PULL socket, decodes every frame as JSON the way the
+Logstash json codec does (an array is one event per element), prints each
+event's "message" (or nothing with --quiet), and at the end prints one line:
+"received N events (M invalid) in S s".  Ends after --count events, after
+--idle seconds without any, or on SIGINT/SIGTERM.
+"""
+import argparse
+import json
+import signal
+import sys
+import time
+
+import zmq
+
+
+def events_of(frame: bytes):
+    """The events a frame carries, or None if it is not strict JSON."""
+    try:
+        doc = json.loads(frame, strict=True)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, list) else [doc]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bind", default="tcp://127.0.0.1:2120", help="endpoint to bind")
+    p.add_argument("--connect", help="connect to this endpoint instead of binding")
+    p.add_argument("--count", type=int, default=0, help="stop after N events")
+    p.add_argument("--idle", type=float, default=0, help="stop after S seconds with none")
+    p.add_argument("--quiet", action="store_true", help="print only the summary")
+    args = p.parse_args()
+
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock.setsockopt(zmq.LINGER, 0)
+    if args.connect:
+        sock.connect(args.connect)
+    else:
+        sock.bind(args.bind)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    received = invalid = 0
+    started = None
+    out = sys.stdout
+    while not stopping and not (args.count and received >= args.count):
+        if not sock.poll(int(args.idle * 1000) if args.idle else 200):
+            if args.idle and started is not None:
+                break
+            continue
+        started = started or time.monotonic()
+        for frame in sock.recv_multipart():
+            events = events_of(frame)
+            if events is None:
+                invalid += 1
+                continue
+            received += len(events)
+            if not args.quiet:
+                for event in events:
+                    out.write(json.dumps(event.get("message"), ensure_ascii=False) + "\n")
+    took = time.monotonic() - started if started else 0.0
+    print(f"received {received} events ({invalid} invalid) in {took:.3f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,900 @@
+#!/usr/bin/env python3
+"""zmqpush: read log lines on stdin, push them as JSON over a ZeroMQ PUSH socket.
+
+Every line becomes {"message":LINE,"type":LOGTYPE,"@pid":PID}, the wire format
+the Logstash zeromq input (codec json) turns into one event.  Data flows
+options -> encoding -> reading -> sending -> lifecycle, and so does this file.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import errno
+import json.encoder
+import os
+import re
+import select
+import signal
+import sys
+import time
+from typing import NamedTuple
+
+__version__ = "1.0.0"
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNDELIVERED = 3
+EXIT_SIGNAL_BASE = 128
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:2120"
+DEFAULT_LINGER = 4.0
+DEFAULT_SNDHWM = 1000
+DEFAULT_QUEUE_BYTES = 8 << 20
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+DEFAULT_READ_BYTES = 256 << 10
+DEFAULT_CONFIRM_TIMEOUT = 2.0
+RECONNECT_IVL_MS = 100
+RECONNECT_IVL_MAX_MS = 1000
+
+# ---------------------------------------------------------------- options --
+# Owns the command line, its ZMQPUSH_* environment twins and their validation.
+
+ENDPOINT_RE = re.compile(r"^(tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(\d{1,5}|\*)"
+                         r"|ipc://\S+|inproc://\S+)$")
+
+HELP_EPILOG = """\
+examples:
+  tail -F /var/log/app.log | zmqpush.py app
+  seq 1 100 | zmqpush.py -c tcp://logstash.example:2120 --batch test
+
+rsyslog (RainerScript):
+  module(load="omprog")
+  action(type="omprog" binary="/usr/local/bin/zmqpush.py syslog -c tcp://127.0.0.1:2120"
+         template="RSYSLOG_SyslogProtocol23Format")
+rsyslog (legacy, no arguments: set ZMQPUSH_CONNECT in rsyslog's environment):
+  $ModLoad omprog
+  $ActionOMProgBinary /usr/local/bin/zmqpush.py
+  *.* :omprog:;RSYSLOG_SyslogProtocol23Format
+
+Every option can also be set by an environment variable ZMQPUSH_<OPTION>
+(e.g. ZMQPUSH_CONNECT, ZMQPUSH_LINGER, ZMQPUSH_WHEN_FULL); the command line wins.
+
+exit codes:
+  0    every line read was handed to ZeroMQ and delivered within --linger
+  1    runtime error (e.g. the bind address is in use)
+  2    usage error: bad option, value or endpoint
+  3    undelivered: at exit some lines were not handed to ZeroMQ, or ZeroMQ
+       still held messages when --linger ran out
+  128+N  forced exit by a second SIGINT or SIGTERM (130, 143)
+"""
+
+
+class UsageError(Exception):
+    """A bad option, value or endpoint: reported in one line, exit 2."""
+
+
+class Config(NamedTuple):
+    """Everything the run needs, validated."""
+
+    logtype: str
+    connect: list
+    bind: list
+    linger: float
+    sndhwm: int
+    write_high: int | None
+    write_low: int | None
+    queue_bytes: int
+    max_line_bytes: int
+    batch: bool
+    batch_bytes: int
+    when_full: str
+    heartbeat: float | None
+    confirm: bool
+    confirm_timeout: float
+    quiet: bool
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+def _buffer_limits(text: str) -> tuple:
+    parts = [int(p) for p in text.split(",")]
+    if len(parts) > 2 or any(p < 0 for p in parts):
+        raise ValueError(text)
+    high, low = parts[0], (parts[1] if len(parts) == 2 else None)
+    if low is not None and low > high:
+        raise ValueError(text)
+    return high, low
+
+
+_positive_int.__name__ = "positive integer"
+_seconds.__name__ = "number of seconds"
+_buffer_limits.__name__ = "HIGH[,LOW] with HIGH >= LOW >= 0"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI; shared with zmqpush-watermark.py."""
+    p = _Parser(
+        prog="zmqpush.py",
+        description="Read lines on stdin and push each as JSON "
+        '{"message":LINE,"type":LOGTYPE,"@pid":PID} over a ZeroMQ PUSH socket '
+        "to a Logstash zeromq input. Diagnostics go to stderr; stdout is used "
+        "only by --confirm.",
+        epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("logtype", nargs="?", metavar="LOGTYPE",
+                   help='the "type" field (default: syslog)')
+    p.add_argument("-c", "--connect", action="append", metavar="ENDPOINT",
+                   help="connect to ENDPOINT (repeatable: round-robin over all); "
+                   f"default {DEFAULT_ENDPOINT}")
+    p.add_argument("--bind", action="append", metavar="ENDPOINT",
+                   help='bind ENDPOINT instead (Logstash input mode => "client")')
+    p.add_argument("--linger", type=_seconds, metavar="SECONDS",
+                   help="at end of input, wait at most this long for delivery "
+                   f"(default {DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5)")
+    p.add_argument("--sndhwm", type=_positive_int, metavar="N",
+                   help=f"ZeroMQ send high-water mark, messages (default {DEFAULT_SNDHWM})")
+    p.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
+                   help="aiozmq transport watermarks in bytes (default 65536,16384)")
+    p.add_argument("--queue-bytes", type=_positive_int, metavar="N",
+                   help="bound of the queue between reader and sender, in bytes of "
+                   f"encoded JSON (default {DEFAULT_QUEUE_BYTES})")
+    p.add_argument("--max-line-bytes", type=_positive_int, metavar="N",
+                   help="longer lines are split into messages marked "
+                   f'"@continues":true (default {DEFAULT_MAX_LINE_BYTES})')
+    p.add_argument("--batch", action="store_true", default=None,
+                   help="send the lines of one read as one JSON array per message")
+    p.add_argument("--batch-bytes", type=_positive_int, metavar="N",
+                   help=f"read size, and so batch size cap (default {DEFAULT_READ_BYTES})")
+    p.add_argument("--when-full", choices=("block", "drop"),
+                   help="queue full: block the producer (default) or drop and count")
+    p.add_argument("--heartbeat", type=_seconds, metavar="SECONDS",
+                   help="ZeroMQ heartbeat interval; a peer silent for 3 intervals "
+                   "is dropped and reconnected (default off)")
+    p.add_argument("--confirm", action="store_true", default=None,
+                   help='rsyslog omprog confirmMessages mode: print "OK" when ready, '
+                   "then one reply line per line read")
+    p.add_argument("--confirm-timeout", type=_seconds, metavar="SECONDS",
+                   help="--confirm: how long a line may wait for ZeroMQ before it is "
+                   f"refused (default {DEFAULT_CONFIRM_TIMEOUT:g})")
+    p.add_argument("-q", "--quiet", action="store_true", default=None,
+                   help="no diagnostics but errors and the closing line")
+    p.add_argument("--version", action="version", version=f"zmqpush {__version__}")
+    return p
+
+
+def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
+    """ZMQPUSH_<DEST> values converted as their option would convert them."""
+    defaults = {}
+    for action in parser._actions:
+        text = environ.get("ZMQPUSH_" + action.dest.upper())
+        if text is None or action.dest in ("help", "version"):
+            continue
+        name = "ZMQPUSH_" + action.dest.upper()
+        try:
+            if action.nargs == 0:
+                value = text.strip().lower() in ("1", "true", "yes", "on")
+            elif isinstance(action, argparse._AppendAction):
+                value = [v for v in re.split(r"[\s,]+", text) if v]
+            elif action.type is not None:
+                value = action.type(text)
+            else:
+                value = text
+        except ValueError:
+            raise UsageError(f"{name}: invalid value {text!r}") from None
+        if action.choices and value not in action.choices:
+            raise UsageError(f"{name}: {text!r} is not one of {', '.join(action.choices)}")
+        defaults[action.dest] = value
+    return defaults
+
+
+def check_endpoint(endpoint: str) -> str:
+    """Return endpoint if it is well formed, else raise UsageError."""
+    match = ENDPOINT_RE.match(endpoint)
+    port = endpoint.rsplit(":", 1)[-1]
+    if not match or (endpoint.startswith("tcp://") and port != "*" and int(port) > 65535):
+        raise UsageError(f"bad endpoint {endpoint!r} (expected e.g. tcp://HOST:PORT, "
+                         "ipc://PATH)")
+    return endpoint
+
+
+def parse_options(argv=None, environ=None) -> Config:
+    """Parse argv (default sys.argv[1:]) and environ into a Config; UsageError if bad."""
+    environ = os.environ if environ is None else environ
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    env = _environment_defaults(parser, environ)
+    opt = {k: (v if v is not None else env.get(k)) for k, v in vars(args).items()}
+    connect = [check_endpoint(e) for e in opt["connect"] or []]
+    bind = [check_endpoint(e) for e in opt["bind"] or []]
+    if not connect and not bind:
+        connect = [DEFAULT_ENDPOINT]
+    if opt["confirm"] and opt["batch"]:
+        raise UsageError("--confirm and --batch cannot be combined")
+    high, low = opt["write_buffer_limits"] or (None, None)
+    return Config(
+        logtype=opt["logtype"] if opt["logtype"] is not None else "syslog",
+        connect=connect, bind=bind,
+        linger=DEFAULT_LINGER if opt["linger"] is None else opt["linger"],
+        sndhwm=opt["sndhwm"] or DEFAULT_SNDHWM,
+        write_high=high, write_low=low,
+        queue_bytes=opt["queue_bytes"] or DEFAULT_QUEUE_BYTES,
+        max_line_bytes=opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES,
+        batch=bool(opt["batch"]),
+        batch_bytes=opt["batch_bytes"] or DEFAULT_READ_BYTES,
+        when_full=opt["when_full"] or "block",
+        heartbeat=opt["heartbeat"] or None,
+        confirm=bool(opt["confirm"]),
+        confirm_timeout=(DEFAULT_CONFIRM_TIMEOUT if opt["confirm_timeout"] is None
+                         else opt["confirm_timeout"]),
+        quiet=bool(opt["quiet"]),
+    )
+
+
+# --------------------------------------------------------------- encoding --
+# Owns the wire format: bytes of whole lines in, valid JSON messages out.
+
+_escape = json.encoder.c_encode_basestring or json.encoder.py_encode_basestring
+# A lone surrogate never comes out of a UTF-8 decode with errors="replace", so it
+# can stand for a line break while a whole chunk is escaped in one C call.
+_LINE_MARK = "\ud800"
+# A raw NUL never comes out of JSON escaping, so it can split encoded messages.
+_MESSAGE_MARK = "\x00"
+
+
+class Encoder:
+    """Turns chunks of complete lines into JSON messages, in bulk.
+
+    Contract: for any bytes, every message is valid RFC 8259 JSON whose
+    "message" is the line decoded as UTF-8 with U+FFFD for invalid bytes,
+    followed by "type" and "@pid" in that order.
+    """
+
+    def __init__(self, logtype: str, pid: int, batch: bool):
+        self._head = '{"message":'
+        self._tail = ',"type":' + _escape(logtype) + ',"@pid":' + str(pid) + "}"
+        self._batch = batch
+
+    def encode(self, lines: bytes, strip_cr: bool = True, continues: bool = False) -> list:
+        """Encode lines (each ending in b"\\n"; CR before it stripped if strip_cr).
+
+        Returns one message per line, or in batch mode one JSON array.
+        continues marks a piece of an over-long line that the next message goes on.
+        """
+        if strip_cr:
+            lines = lines.replace(b"\r\n", b"\n")
+        text = lines.decode("utf-8", "replace")[:-1].replace("\n", _LINE_MARK)
+        tail = self._tail[:-1] + ',"@continues":true}' if continues else self._tail
+        between = '"' + tail + ("," if self._batch else _MESSAGE_MARK) + self._head + '"'
+        body = self._head + _escape(text).replace(_LINE_MARK, between) + tail
+        if self._batch:
+            return [b"[" + body.encode() + b"]"]
+        return body.encode().split(_MESSAGE_MARK.encode())
+
+
+# ---------------------------------------------------------------- reading --
+# Owns stdin: non-blocking reads woken by an edge-triggered epoll, line framing,
+# and the byte-bounded queue that carries encoded messages to the sender.
+
+class Segment(NamedTuple):
+    """A run of complete lines, or one piece of an over-long line."""
+
+    lines: bytes
+    strip_cr: bool = True
+    continues: bool = False
+
+
+class LineFramer:
+    """Splits a byte stream into Segments; keeps the unfinished last line.
+
+    No line longer than max_line_bytes is ever held: longer ones leave as
+    pieces cut at UTF-8 character boundaries, all but the last marked continues.
+    """
+
+    def __init__(self, max_line_bytes: int):
+        self._max = max_line_bytes
+        self._pending = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        """Segments completed by data, in order."""
+        newline = data.rfind(b"\n")
+        if newline < 0:
+            self._pending += data
+            return self._split_pending()
+        complete = data[: newline + 1]
+        if self._pending:
+            complete = bytes(self._pending) + complete
+        self._pending = bytearray(data[newline + 1:])
+        return self._segments(complete) + self._split_pending()
+
+    def finish(self) -> list:
+        """The unfinished last line (no newline at EOF), if any."""
+        if not self._pending:
+            return []
+        last, self._pending = bytes(self._pending) + b"\n", bytearray()
+        return [Segment(last, strip_cr=False)]
+
+    def _segments(self, complete: bytes) -> list:
+        if len(complete) <= self._max + 2:
+            return [Segment(complete)]
+        lines = complete.split(b"\n")[:-1]
+        if max(map(len, lines)) <= self._max + 1:
+            return [Segment(complete)]
+        out, run = [], []
+        for line in lines:
+            if len(line) <= self._max + (line[-1:] == b"\r"):
+                run.append(line)
+                continue
+            if run:
+                out.append(Segment(b"\n".join(run) + b"\n"))
+                run = []
+            out.extend(self._pieces(line))
+        if run:
+            out.append(Segment(b"\n".join(run) + b"\n"))
+        return out
+
+    def _pieces(self, line: bytes) -> list:
+        out = []
+        while len(line) > self._max + (line[-1:] == b"\r"):
+            cut = self._cut(line)
+            out.append(Segment(line[:cut] + b"\n", strip_cr=False, continues=True))
+            line = line[cut:]
+        out.append(Segment(line + b"\n"))
+        return out
+
+    def _split_pending(self) -> list:
+        out = []
+        while len(self._pending) > self._max:
+            cut = self._cut(self._pending)
+            out.append(Segment(bytes(self._pending[:cut]) + b"\n",
+                               strip_cr=False, continues=True))
+            del self._pending[:cut]
+        return out
+
+    def _cut(self, line) -> int:
+        """Where to end a piece of at most max bytes: not inside a UTF-8
+        character, not between CR and what follows it."""
+        cut = self._max
+        back = cut
+        while back > cut - 3 and back > 1 and 0x80 <= line[back] < 0xC0:
+            back -= 1
+        if 0xC0 <= line[back] or not 0x80 <= line[back] < 0xC0:
+            cut = back
+        if line[cut - 1] == 0x0D and cut > 1:
+            cut -= 1
+        return cut
+
+
+class Batch(NamedTuple):
+    """What the reader hands the sender: encoded messages of one read."""
+
+    messages: list
+    events: list  # events carried by each message (1, or lines in a batch array)
+    ends_line: list  # False for a piece that the next message continues
+    nbytes: int
+
+
+class ByteQueue(asyncio.Queue):
+    """asyncio.Queue bounded by the total nbytes of its Batches, not their count.
+
+    put() waits while the queue holds maxsize bytes or more, so it holds at
+    most maxsize bytes plus one Batch.
+    """
+
+    def _init(self, maxsize):
+        super()._init(maxsize)
+        self.nbytes = 0
+
+    def _put(self, item):
+        self.nbytes += item.nbytes
+        super()._put(item)
+
+    def _get(self):
+        item = super()._get()
+        self.nbytes -= item.nbytes
+        return item
+
+    def full(self) -> bool:
+        return self.nbytes >= self.maxsize
+
+    def events(self) -> int:
+        """Events waiting in the queue."""
+        return sum(sum(b.events) for b in self._queue if b is not END)
+
+
+class _End(NamedTuple):
+    nbytes: int = 0
+
+
+END = _End()
+
+
+class StdinReader:
+    """Reads fd until EOF or stop(), framing and encoding, feeding a ByteQueue.
+
+    Owns the descriptor's O_NONBLOCK flag (restored by close()) and the epoll
+    object.  While the queue is full it stops reading (policy "block": the
+    pipe fills and the producer blocks) or drops and counts (policy "drop").
+    Regular files and /dev/null cannot be polled: they are read directly.
+    """
+
+    def __init__(self, fd: int, queue: ByteQueue, *, encoder: Encoder, framer: LineFramer,
+                 counters: Counters, read_bytes: int, drop_when_full: bool):
+        self._fd = fd
+        self._queue = queue
+        self._encoder = encoder
+        self._framer = framer
+        self._counters = counters
+        self._read_bytes = read_bytes
+        self._drop = drop_when_full
+        self._stopping = False
+        self._waiter: asyncio.Future | None = None
+        self._loop = asyncio.get_running_loop()
+        self._flags = None
+        self._epoll = self._watch()
+
+    def _watch(self):
+        """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
+        epoll = select.epoll()
+        try:
+            epoll.register(self._fd, select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET)
+        except PermissionError:
+            epoll.close()
+            return None
+        self._flags = os.get_blocking(self._fd)
+        os.set_blocking(self._fd, False)
+        self._loop.add_reader(epoll.fileno(), self._on_epoll)
+        return epoll
+
+    def _on_epoll(self):
+        self._epoll.poll(0)
+        self._wake()
+
+    def _wake(self):
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def stop(self):
+        """Stop reading soon; what was read (an unfinished line too) is still sent."""
+        self._stopping = True
+        self._wake()
+
+    def close(self):
+        """Unwatch and restore the descriptor's blocking flag."""
+        if self._epoll is not None:
+            self._loop.remove_reader(self._epoll.fileno())
+            self._epoll.close()
+            self._epoll = None
+        if self._flags is not None:
+            os.set_blocking(self._fd, self._flags)
+            self._flags = None
+
+    async def run(self):
+        """Read until EOF or stop(); then hand over the unfinished line and END."""
+        while not self._stopping:
+            data = await self._read()
+            if not data:
+                break
+            await self._hand_over(self._framer.feed(data), len(data))
+        await self._hand_over(self._framer.finish(), 0)
+        await self._queue.put(END)
+
+    async def _read(self) -> bytes:
+        """The next bytes of stdin; waits on epoll when none are ready.
+        Returns b"" at EOF or when stopped."""
+        while not self._stopping:
+            try:
+                return os.read(self._fd, self._read_bytes)
+            except BlockingIOError:
+                self._waiter = self._loop.create_future()
+                await self._waiter
+                self._waiter = None
+            except OSError as exc:
+                if exc.errno == errno.EIO:
+                    return b""
+                raise
+        return b""
+
+    async def _hand_over(self, segments: list, nread: int):
+        """Encode segments into one Batch and queue it (or drop it when full)."""
+        self._counters.bytes_read += nread
+        if not segments:
+            return
+        messages, events, ends = [], [], []
+        for seg in segments:
+            encoded = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues)
+            messages += encoded
+            if len(encoded) == 1:
+                events.append(seg.lines.count(b"\n"))
+            else:
+                events += [1] * len(encoded)
+            ends += [True] * (len(encoded) - 1) + [not seg.continues]
+            self._counters.pieces += seg.continues
+        batch = Batch(messages, events, ends, sum(map(len, messages)))
+        nevents = sum(events)
+        self._counters.events_read += nevents
+        if self._drop and self._queue.full():
+            self._counters.events_dropped += nevents
+            return
+        await self._queue.put(batch)
+        await asyncio.sleep(0)
+
+
+# ---------------------------------------------------------------- sending --
+# Owns the PUSH socket: its options, the aiozmq stream, flow control, and what
+# was handed to ZeroMQ.
+
+def import_aiozmq():
+    """Import aiozmq, also on Python 3.14+ where its module import fails.
+
+    aiozmq 1.0 imports asyncio's SafeChildWatcher (removed in 3.14) for its own
+    event-loop policy only, which zmqpush never uses: a stand-in lets it load.
+    """
+    from asyncio import unix_events
+    if not hasattr(unix_events, "SafeChildWatcher"):
+        unix_events.SafeChildWatcher = type("SafeChildWatcher", (), {})
+    import aiozmq
+    return aiozmq
+
+
+def configure_socket(sock, config: Config):
+    """Set the socket options that make outages safe (see README "Outages")."""
+    import zmq
+    sock.setsockopt(zmq.SNDHWM, config.sndhwm)
+    sock.setsockopt(zmq.LINGER, -1)
+    sock.setsockopt(zmq.IMMEDIATE, 1 if config.confirm else 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+    if config.heartbeat:
+        ivl = max(1, int(config.heartbeat * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
+
+
+async def open_stream(config: Config):
+    """A connected (or bound) aiozmq PUSH stream.  OSError from ZeroMQ on a bad
+    or unusable endpoint; the socket is closed then."""
+    import zmq
+    aiozmq = import_aiozmq()
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
+    configure_socket(sock, config)
+    try:
+        stream = await aiozmq.create_zmq_stream(
+            zmq.PUSH, zmq_sock=sock, bind=config.bind or None,
+            connect=config.connect or None,
+            high_write=0 if config.confirm else config.write_high,
+            low_write=0 if config.confirm else config.write_low)
+    except OSError:
+        sock.close(linger=0)
+        context.term()
+        raise
+    return stream, context
+
+
+class Sender:
+    """Takes Batches from the queue and hands their messages to ZeroMQ.
+
+    Messages go straight to the socket with DONTWAIT; only when ZeroMQ would
+    block does the rest go through the aiozmq transport's buffer.  When that
+    buffer passes its high watermark the transport pauses the stream and run()
+    awaits drain(), which returns once aiozmq has sent it down to the low
+    watermark.  So memory held here is the transport's high watermark plus one
+    Batch.  handed() counts events accepted by ZeroMQ.
+    """
+
+    def __init__(self, stream, queue: ByteQueue, counters: Counters):
+        import zmq
+        self._again = zmq.Again
+        self._dontwait = zmq.DONTWAIT
+        self._stream = stream
+        self._transport = stream.transport
+        self._sock = stream.transport.get_extra_info("zmq_socket")
+        self._queue = queue
+        self._counters = counters
+        # (bytes written to the transport so far, events in that message)
+        self._in_transport: collections.deque = collections.deque()
+        self._written_bytes = 0
+        self._settled_bytes = 0
+
+    async def run(self):
+        """Send Batches until END; then wait until the transport buffer is empty."""
+        while True:
+            batch = await self._queue.get()
+            if batch is END:
+                break
+            self._send(batch.messages, batch.events)
+            await self._drain_if_paused()
+        self._transport.set_write_buffer_limits(high=0, low=0)
+        await self._drain_if_paused()
+        self._settle()
+
+    async def _drain_if_paused(self):
+        if self._transport.get_write_buffer_size() > self._transport.get_write_buffer_limits()[1]:
+            self._counters.drain_waits += 1
+            await self._stream.drain()
+        self._settle()
+
+    def _send(self, messages: list, events: list) -> int:
+        """Hand messages over in order; returns how many went straight to ZeroMQ."""
+        sent = 0
+        if not self._transport.get_write_buffer_size():
+            send, flags = self._sock.send, self._dontwait
+            try:
+                for message in messages:
+                    send(message, flags)
+                    sent += 1
+            except self._again:
+                pass
+            self._counters.events_handed += (sent if len(events) == len(messages) and
+                                             events.count(1) == len(events)
+                                             else sum(events[:sent]))
+        for message, nevents in zip(messages[sent:], events[sent:]):
+            self._transport.write([message])
+            self._written_bytes += len(message)
+            self._in_transport.append((self._written_bytes, nevents))
+        return sent
+
+    def _settle(self):
+        """Count events that left the transport buffer for ZeroMQ."""
+        sent_bytes = self._written_bytes - self._transport.get_write_buffer_size()
+        while self._in_transport and self._in_transport[0][0] <= sent_bytes:
+            self._counters.events_handed += self._in_transport.popleft()[1]
+
+    async def send_confirmed(self, batch: Batch, timeout: float) -> list:
+        """--confirm: hand over each message, waiting at most timeout for ZeroMQ
+        to accept it.  Returns one bool per completed line: accepted or not.
+
+        A message that timed out stays in the transport (so it may still go out,
+        and its retry by rsyslog make a duplicate); while it is there, new
+        messages are refused without being kept, so memory stays bounded."""
+        replies, line_ok = [], True
+        for message, nevents, ends in zip(batch.messages, batch.events, batch.ends_line):
+            accepted = await self._wait_for_transport(timeout)
+            if accepted:
+                self._send([message], [nevents])
+                accepted = await self._wait_for_transport(timeout)
+            line_ok = line_ok and accepted
+            if ends:
+                replies.append(line_ok)
+                line_ok = True
+        return replies
+
+    async def _wait_for_transport(self, timeout: float) -> bool:
+        """True once the transport buffer is empty (limits are 0,0 in confirm mode)."""
+        try:
+            await asyncio.wait_for(self._drain_if_paused(), timeout)
+        except asyncio.TimeoutError:
+            self._settle()
+            return False
+        return True
+
+    def undelivered_in_transport(self) -> int:
+        """Events still in the transport buffer, not yet handed to ZeroMQ."""
+        self._settle()
+        return sum(n for _, n in self._in_transport)
+
+
+# -------------------------------------------------------------- lifecycle --
+# Owns the run: counters, signals, the end-of-input linger and the exit code.
+
+class Counters:
+    """What happened so far; printed by SIGUSR1 and at exit."""
+
+    def __init__(self):
+        self.bytes_read = 0
+        self.events_read = 0
+        self.events_handed = 0
+        self.events_dropped = 0
+        self.pieces = 0
+        self.drain_waits = 0
+
+    def line(self, queued: int, buffered: int) -> str:
+        return (f"read={self.events_read} bytes={self.bytes_read} "
+                f"sent={self.events_handed} queued={queued} dropped={self.events_dropped} "
+                f"split={self.pieces} transport_bytes={buffered} "
+                f"drain_waits={self.drain_waits}")
+
+
+def warn(text: str):
+    """One diagnostic line on stderr; never fails (stderr may be a closed pipe)."""
+    try:
+        os.write(2, f"zmqpush: {text}\n".encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+class Shipper:
+    """One run: stdin -> queue -> ZeroMQ, until EOF or a signal, then linger."""
+
+    def __init__(self, config: Config, stdin_fd: int = 0):
+        self.config = config
+        self.counters = Counters()
+        self._stdin_fd = stdin_fd
+        self._started = time.perf_counter()
+        self._stop_signals = 0
+        self._deadline = 0.0
+        self._input_done: asyncio.Event | None = None
+        self._reader: StdinReader | None = None
+        self._sender: Sender | None = None
+        self._queue: ByteQueue | None = None
+
+    async def run(self) -> int:
+        """Ship stdin; returns the exit code."""
+        config = self.config
+        try:
+            stream, context = await open_stream(config)
+        except OSError as exc:
+            warn(f"cannot use endpoint {' '.join(config.connect + config.bind)}: "
+                 f"{exc.strerror or exc}")
+            return EXIT_USAGE if exc.errno in (errno.EINVAL, errno.EPROTONOSUPPORT,
+                                              errno.ENODEV) else EXIT_ERROR
+        self._input_done = asyncio.Event()
+        self._queue = ByteQueue(config.queue_bytes)
+        encoder = Encoder(config.logtype, os.getpid(), config.batch)
+        read_bytes = config.batch_bytes if config.batch else DEFAULT_READ_BYTES
+        self._reader = StdinReader(
+            self._stdin_fd, self._queue, encoder=encoder,
+            framer=LineFramer(config.max_line_bytes), counters=self.counters,
+            read_bytes=read_bytes, drop_when_full=config.when_full == "drop")
+        self._sender = Sender(stream, self._queue, self.counters)
+        self._install_signals()
+        try:
+            not_handed = await self._ship()
+        finally:
+            self._reader.close()
+        stream.close()
+        delivered = self._close_socket(stream, context)
+        return self._report(not_handed, delivered)
+
+    async def _ship(self) -> int:
+        """Run reader and sender; after input ends, give them --linger seconds.
+        Returns the events that were read but not handed to ZeroMQ."""
+        if self.config.confirm:
+            reply("OK")
+            sender = self._confirm_loop()
+        else:
+            sender = self._sender.run()
+        reader_task = asyncio.ensure_future(self._read_all())
+        sender_task = asyncio.ensure_future(sender)
+        await asyncio.wait([asyncio.ensure_future(self._input_done.wait()), sender_task],
+                           return_when=asyncio.FIRST_COMPLETED)
+        self._deadline = time.monotonic() + self.config.linger
+        done, pending = await asyncio.wait([reader_task, sender_task],
+                                           timeout=self.config.linger)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if task.exception() is not None:
+                raise task.exception()
+        return (self.counters.events_read - self.counters.events_dropped
+                - self.counters.events_handed)
+
+    async def _read_all(self):
+        try:
+            await self._reader.run()
+        finally:
+            self._input_done.set()
+
+    async def _confirm_loop(self):
+        """--confirm: the sender loop that replies to rsyslog on stdout."""
+        while True:
+            batch = await self._queue.get()
+            if batch is END:
+                return
+            replies = await self._sender.send_confirmed(batch, self.config.confirm_timeout)
+            if not reply("\n".join("OK" if ok else "zmqpush: not accepted by ZeroMQ in time"
+                                   for ok in replies)):
+                self._reader.stop()
+
+    def _close_socket(self, stream, context) -> bool:
+        """Close with what is left of --linger.  True if ZeroMQ delivered all it
+        held: its termination returned before the linger ran out.  With
+        --linger 0 nothing is waited for and pending messages are not judged."""
+        import zmq
+        remaining = max(0.0, self._deadline - time.monotonic())
+        sock = stream.transport.get_extra_info("zmq_socket")
+        if not sock.closed:
+            sock.setsockopt(zmq.LINGER, int(remaining * 1000))
+            sock.close()
+        began = time.monotonic()
+        context.term()
+        return self.config.linger == 0 or time.monotonic() - began + 0.01 < remaining
+
+    def _report(self, not_handed: int, delivered: bool) -> int:
+        counters = self.counters
+        elapsed = (time.perf_counter() - self._started) * 1000
+        code = EXIT_OK
+        if not_handed > 0:
+            warn(f"{not_handed} messages were not handed to ZeroMQ within "
+                 f"--linger {self.config.linger:g}s (receiver down or too slow)")
+            code = EXIT_UNDELIVERED
+        if not delivered:
+            warn("ZeroMQ still held undelivered messages (at most --sndhwm "
+                 f"{self.config.sndhwm} per receiver) when --linger ran out")
+            code = EXIT_UNDELIVERED
+        closing = (f"Processed {counters.events_handed} messages in {elapsed:.4f}ms. "
+                   f"Tagged with @pid:{os.getpid()}")
+        if counters.events_dropped:
+            closing += f". Dropped {counters.events_dropped} messages (queue full)"
+        try:
+            os.write(2, (closing + "\n").encode())
+        except OSError:
+            pass
+        return code
+
+    def _install_signals(self):
+        loop = asyncio.get_running_loop()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, signal.SIGTERM)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, signal.SIGINT)
+        loop.add_signal_handler(signal.SIGUSR1, self._print_counters)
+
+    def _on_stop_signal(self, signum: int):
+        """First SIGTERM/SIGINT: stop reading and linger.  Second: exit now."""
+        self._stop_signals += 1
+        if self._stop_signals == 1:
+            self._reader.stop()
+            return
+        not_handed = (self.counters.events_read - self.counters.events_dropped
+                      - self.counters.events_handed)
+        warn(f"interrupted: {not_handed} messages not handed to ZeroMQ")
+        os._exit(EXIT_SIGNAL_BASE + signum)
+
+    def _print_counters(self):
+        warn(self.counters.line(self._queue.events(),
+                                self._sender._transport.get_write_buffer_size()))
+
+
+def reply(text: str) -> bool:
+    """--confirm: one protocol line on stdout.  False if rsyslog has gone."""
+    try:
+        os.write(1, (text + "\n").encode())
+        return True
+    except OSError:
+        return False
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop if uvloop is installed, else asyncio's default."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def main(argv=None) -> int:
+    """The command line: returns the exit code (see --help)."""
+    try:
+        config = parse_options(argv)
+    except UsageError as exc:
+        warn(f"{exc} (see --help)")
+        return EXIT_USAGE
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(Shipper(config).run())
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
