@@ -130,10 +130,10 @@ _seconds.__name__ = "number of seconds"
 _buffer_limits.__name__ = "HIGH[,LOW] with HIGH >= LOW >= 0"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
     """The CLI; shared with zmqpush-watermark.py."""
     p = _Parser(
-        prog="zmqpush.py",
+        prog=prog,
         description="Read lines on stdin and push each as JSON "
         '{"message":LINE,"type":LOGTYPE,"@pid":PID} over a ZeroMQ PUSH socket '
         "to a Logstash zeromq input. Diagnostics go to stderr; stdout is used "
@@ -217,11 +217,17 @@ def check_endpoint(endpoint: str) -> str:
 
 def parse_options(argv=None, environ=None) -> Config:
     """Parse argv (default sys.argv[1:]) and environ into a Config; UsageError if bad."""
-    environ = os.environ if environ is None else environ
     parser = build_parser()
-    args = parser.parse_args(argv)
-    env = _environment_defaults(parser, environ)
-    opt = {k: (v if v is not None else env.get(k)) for k, v in vars(args).items()}
+    return config_from_args(parser, parser.parse_args(argv), environ)
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     environ=None) -> Config:
+    """Merge parsed args over ZMQPUSH_* variables and validate; UsageError if bad."""
+    env = _environment_defaults(parser, os.environ if environ is None else environ)
+    opt = {action.dest: (getattr(args, action.dest) if getattr(args, action.dest, None)
+                         is not None else env.get(action.dest))
+           for action in parser._actions}
     connect = [check_endpoint(e) for e in opt["connect"] or []]
     bind = [check_endpoint(e) for e in opt["bind"] or []]
     if not connect and not bind:

@@ -1,0 +1,147 @@
+"""Shared test parts: real PULL receivers on 127.0.0.1 and the real CLI as a subprocess."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+ROOT = Path(__file__).resolve().parent.parent
+ZMQPUSH = str(ROOT / "zmqpush.py")
+WATERMARK = str(ROOT / "zmqpush-watermark.py")
+SINK = str(ROOT / "bench" / "sink.py")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Receiver:
+    """A PULL socket bound on 127.0.0.1 in a thread, keeping every frame it gets."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.frames = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(5), "receiver did not bind"
+
+    def _run(self):
+        sock = zmq.Context.instance().socket(zmq.PULL)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 1000)
+        sock.bind(self.endpoint)
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                if sock.poll(50):
+                    while True:
+                        try:
+                            self.frames.extend(sock.recv_multipart(zmq.NOBLOCK))
+                        except zmq.Again:
+                            break
+        finally:
+            sock.close()
+
+    def wait_for(self, count: int, timeout: float = 30.0) -> int:
+        """Wait until count frames arrived or timeout; returns the count."""
+        deadline = time.monotonic() + timeout
+        while len(self.frames) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return len(self.frames)
+
+    def settle(self, quiet: float = 0.5, timeout: float = 30.0) -> int:
+        """Wait until no frame arrived for `quiet` seconds; returns the count."""
+        deadline = time.monotonic() + timeout
+        last, since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            n = len(self.frames)
+            if n != last:
+                last, since = n, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                break
+            time.sleep(0.02)
+        return len(self.frames)
+
+    def events(self) -> list:
+        """Every frame parsed strictly; arrays are one event per element."""
+        out = []
+        for frame in self.frames:
+            doc = json.loads(frame, strict=True)
+            out.extend(doc if isinstance(doc, list) else [doc])
+        return out
+
+    def messages(self) -> list:
+        return [e["message"] for e in self.events()]
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver(free_port())
+    yield r
+    r.stop()
+
+
+def cli(*args) -> list:
+    return [sys.executable, ZMQPUSH, *args]
+
+
+def run(args, data: bytes = b"", timeout: float = 60, env=None, stdin=None):
+    """Run zmqpush.py to completion; returns CompletedProcess with bytes output."""
+    kwargs = {"stdin": stdin} if stdin is not None else {"input": data}
+    return subprocess.run(cli(*args), capture_output=True, timeout=timeout,
+                          env=env_with(env), **kwargs)
+
+
+def start(args, env=None, **kwargs) -> subprocess.Popen:
+    """Start zmqpush.py with stdin a pipe; the caller ends it (see stop_process)."""
+    kwargs.setdefault("stdin", subprocess.PIPE)
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(cli(*args), env=env_with(env), **kwargs)
+
+
+def env_with(extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZMQPUSH_")}
+    env.update(extra or {})
+    return env
+
+
+def stop_process(proc: subprocess.Popen):
+    """End a process this test started, by its PID, if it still runs."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def closing_count(stderr: bytes) -> int:
+    """N from the closing line 'Processed N messages in X ms. Tagged with @pid:P'."""
+    for line in stderr.decode().splitlines():
+        if line.startswith("Processed "):
+            return int(line.split()[1])
+    raise AssertionError(f"no closing line in {stderr!r}")
+
+
+def vm_peak_rss_kib(pid: int) -> int:
+    """VmHWM (peak resident set) of a running process, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")

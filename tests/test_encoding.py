@@ -1,0 +1,81 @@
+"""The encoder and the line framer on arbitrary bytes (property tests)."""
+import json
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import zmqpush
+
+lines_st = st.lists(st.binary(max_size=60).map(lambda b: b.replace(b"\n", b"")),
+                    min_size=1, max_size=20)
+
+
+def expected(line: bytes) -> str:
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    return line.decode("utf-8", "replace")
+
+
+@settings(max_examples=400, deadline=None)
+@given(lines_st, st.text(max_size=10))
+def test_any_bytes_encode_to_strict_json_with_three_fields_in_order(lines, logtype):
+    encoder = zmqpush.Encoder(logtype, 4242, batch=False)
+    messages = encoder.encode(b"".join(line + b"\n" for line in lines))
+    assert len(messages) == len(lines)
+    for message, line in zip(messages, lines):
+        doc = json.loads(message.decode("utf-8"), strict=True)
+        assert list(doc) == ["message", "type", "@pid"]
+        assert doc == {"message": expected(line), "type": logtype, "@pid": 4242}
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines_st)
+def test_batch_mode_is_one_strict_json_array_of_the_same_events(lines):
+    data = b"".join(line + b"\n" for line in lines)
+    single = zmqpush.Encoder("t", 1, batch=False).encode(data)
+    (batch,) = zmqpush.Encoder("t", 1, batch=True).encode(data)
+    assert json.loads(batch, strict=True) == [json.loads(m) for m in single]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=8), st.integers(4, 40))
+def test_framer_loses_no_byte_and_never_exceeds_the_limit(chunks, limit):
+    """Whatever the reads, pieces rejoin into the input's lines, each at most limit bytes."""
+    framer = zmqpush.LineFramer(limit)
+    segments = [s for chunk in chunks for s in framer.feed(chunk)] + framer.finish()
+    rebuilt, current = [], b""
+    for seg in segments:
+        body = seg.lines[:-1]
+        if seg.continues:
+            assert len(body) <= limit
+            current += body
+            continue
+        parts = body.split(b"\n")
+        assert all(len(p) <= limit + 1 for p in parts)  # +1: a CR before the newline
+        parts[0] = current + parts[0]
+        current = b""
+        rebuilt.extend(parts)
+    data = b"".join(chunks)
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    assert rebuilt == lines
+
+
+def test_overlong_lines_are_cut_at_character_boundaries():
+    framer = zmqpush.LineFramer(10)
+    line = "é€😀".encode() * 5
+    segments = framer.feed(line + b"\n")
+    assert all(s.lines[:-1].decode("utf-8") for s in segments)  # each piece decodes alone
+    assert b"".join(s.lines[:-1] for s in segments) == line
+    assert [s.continues for s in segments][-1] is False
+    assert all(s.continues for s in segments[:-1])
+
+
+def test_continuation_pieces_are_marked_in_json():
+    encoder = zmqpush.Encoder("t", 1, batch=False)
+    (msg,) = encoder.encode(b"abc\r\n", strip_cr=False, continues=True)
+    assert json.loads(msg) == {"message": "abc\r", "type": "t", "@pid": 1, "@continues": True}
