@@ -31,6 +31,8 @@ EXIT_SIGNAL_BASE = 128
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:2120"
 DEFAULT_LINGER = 4.0
 DEFAULT_SNDHWM = 1000
+# In --batch mode a message is a whole read: SNDHWM defaults to this many bytes of them.
+BATCH_ZMQ_BYTES = 16 << 20
 DEFAULT_QUEUE_BYTES = 8 << 20
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_READ_BYTES = 256 << 10
@@ -150,7 +152,8 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
                    help="at end of input, wait at most this long for delivery "
                    f"(default {DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5)")
     p.add_argument("--sndhwm", type=_positive_int, metavar="N",
-                   help=f"ZeroMQ send high-water mark, messages (default {DEFAULT_SNDHWM})")
+                   help="ZeroMQ send high-water mark in messages per receiver (default "
+                   f"{DEFAULT_SNDHWM}; with --batch, {BATCH_ZMQ_BYTES >> 20} MiB of batches)")
     p.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
                    help="aiozmq transport watermarks in bytes (default 65536,16384)")
     p.add_argument("--queue-bytes", type=_positive_int, metavar="N",
@@ -235,16 +238,19 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if opt["confirm"] and opt["batch"]:
         raise UsageError("--confirm and --batch cannot be combined")
     high, low = opt["write_buffer_limits"] or (None, None)
+    batch_bytes = opt["batch_bytes"] or DEFAULT_READ_BYTES
+    default_sndhwm = (max(4, BATCH_ZMQ_BYTES // batch_bytes) if opt["batch"]
+                      else DEFAULT_SNDHWM)
     return Config(
         logtype=opt["logtype"] if opt["logtype"] is not None else "syslog",
         connect=connect, bind=bind,
         linger=DEFAULT_LINGER if opt["linger"] is None else opt["linger"],
-        sndhwm=opt["sndhwm"] or DEFAULT_SNDHWM,
+        sndhwm=opt["sndhwm"] or default_sndhwm,
         write_high=high, write_low=low,
         queue_bytes=opt["queue_bytes"] or DEFAULT_QUEUE_BYTES,
         max_line_bytes=opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES,
         batch=bool(opt["batch"]),
-        batch_bytes=opt["batch_bytes"] or DEFAULT_READ_BYTES,
+        batch_bytes=batch_bytes,
         when_full=opt["when_full"] or "block",
         heartbeat=opt["heartbeat"] or None,
         confirm=bool(opt["confirm"]),
