@@ -670,14 +670,14 @@ class Sender:
         while self._in_transport and self._in_transport[0][0] <= sent_bytes:
             self._counters.events_handed += self._in_transport.popleft()[1]
 
-    async def send_confirmed(self, batch: Batch, timeout: float) -> list:
+    async def send_confirmed(self, batch: Batch, timeout: float, on_line) -> None:
         """--confirm: hand over each message, waiting at most timeout for ZeroMQ
-        to accept it.  Returns one bool per completed line: accepted or not.
+        to accept it, and call on_line(accepted) as soon as each line is decided.
 
         A message that timed out stays in the transport (so it may still go out,
         and its retry by rsyslog make a duplicate); while it is there, new
         messages are refused without being kept, so memory stays bounded."""
-        replies, line_ok = [], True
+        line_ok = True
         for message, nevents, ends in zip(batch.messages, batch.events, batch.ends_line):
             accepted = await self._wait_for_transport(timeout)
             if accepted:
@@ -685,9 +685,8 @@ class Sender:
                 accepted = await self._wait_for_transport(timeout)
             line_ok = line_ok and accepted
             if ends:
-                replies.append(line_ok)
+                on_line(line_ok)
                 line_ok = True
-        return replies
 
     async def _wait_for_transport(self, timeout: float) -> bool:
         """True once the transport buffer is empty (limits are 0,0 in confirm mode)."""
@@ -811,10 +810,12 @@ class Shipper:
             batch = await self._queue.get()
             if batch is END:
                 return
-            replies = await self._sender.send_confirmed(batch, self.config.confirm_timeout)
-            if not reply("\n".join("OK" if ok else "zmqpush: not accepted by ZeroMQ in time"
-                                   for ok in replies)):
-                self._reader.stop()
+            await self._sender.send_confirmed(batch, self.config.confirm_timeout,
+                                              self._reply_to_rsyslog)
+
+    def _reply_to_rsyslog(self, accepted: bool):
+        if not reply("OK" if accepted else "zmqpush: not accepted by ZeroMQ in time"):
+            self._reader.stop()
 
     def _close_socket(self, stream, context) -> bool:
         """Close with what is left of --linger.  True if ZeroMQ delivered all it

@@ -1,0 +1,111 @@
+"""A private rsyslogd for tests and benchmarks: its own config, work directory and
+TCP input on 127.0.0.1, no /dev/log, started and stopped by PID."""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+RSYSLOGD = shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
+
+CONFIG = """\
+global(workDirectory="{work}" processInternalMessages="on" maxMessageSize="64k"
+       parser.escapeControlCharactersOnReceive="off")
+module(load="imuxsock" SysSock.Use="off")
+module(load="imtcp")
+{modules}
+template(name="msgonly" type="string" string="%msg%\\n")
+{rules}
+input(type="imtcp" address="127.0.0.1" port="{port}" ruleset="ship")
+"""
+
+
+def available() -> bool:
+    return os.path.exists(RSYSLOGD)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def syslog_frame(message: str) -> bytes:
+    """One RFC 5424 message, newline-framed, whose %msg% is exactly message."""
+    return f"<13>1 - - app - - - {message}\n".encode()
+
+
+class PrivateRsyslog:
+    """rsyslogd -n whose TCP input feeds the ruleset "ship".
+
+    Give action (RainerScript, wrapped in that ruleset) or rules (config text
+    that defines the ruleset itself, e.g. in legacy syntax); env is rsyslogd's
+    environment, which omprog passes on to its program."""
+
+    def __init__(self, workdir: Path, action: str = "", modules: str = 'module(load="omprog")',
+                 rules: str = "", env=None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.conf = self.workdir / "rsyslog.conf"
+        self.pidfile = self.workdir / "rsyslogd.pid"
+        self.log = self.workdir / "rsyslogd.out"
+        rules = rules or f'ruleset(name="ship") {{\n{action}\n}}'
+        self.conf.write_text(CONFIG.format(work=self.workdir, port=self.port,
+                                           modules=modules, rules=rules))
+        self.env = env
+        self.proc = None
+
+    def start(self, timeout: float = 10.0):
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [RSYSLOGD, "-n", "-f", str(self.conf), "-i", str(self.pidfile)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rsyslogd exited: {self.log.read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("rsyslogd did not open its TCP port")
+
+    def send(self, messages, chunk: int = 2000):
+        """Send messages over one TCP connection, as fast as it takes them."""
+        with socket.create_connection(("127.0.0.1", self.port)) as conn:
+            for i in range(0, len(messages), chunk):
+                conn.sendall(b"".join(syslog_frame(m) for m in messages[i:i + chunk]))
+
+    def children(self) -> list:
+        """PIDs of rsyslogd's child processes (the omprog programs)."""
+        pids = []
+        for task in Path(f"/proc/{self.proc.pid}/task").glob("*"):
+            try:
+                pids += [int(p) for p in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        return pids
+
+    def stop(self, timeout: float = 30.0) -> float:
+        """SIGTERM rsyslogd and wait for it; returns the seconds it took."""
+        began = time.monotonic()
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        return time.monotonic() - began
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False
