@@ -592,8 +592,7 @@ async def open_stream(config: Config):
         stream = await aiozmq.create_zmq_stream(
             zmq.PUSH, zmq_sock=sock, bind=config.bind or None,
             connect=config.connect or None,
-            high_write=0 if config.confirm else config.write_high,
-            low_write=0 if config.confirm else config.write_low)
+            high_write=config.write_high, low_write=config.write_low)
     except OSError:
         sock.close(linger=0)
         context.term()
@@ -602,14 +601,15 @@ async def open_stream(config: Config):
 
 
 class Sender:
-    """Takes Batches from the queue and hands their messages to ZeroMQ.
+    """Takes Batches from the queue and hands their messages to ZeroMQ, in order.
 
-    Messages go straight to the socket with DONTWAIT; only when ZeroMQ would
-    block does the rest go through the aiozmq transport's buffer.  When that
-    buffer passes its high watermark the transport pauses the stream and run()
-    awaits drain(), which returns once aiozmq has sent it down to the low
-    watermark.  So memory held here is the transport's high watermark plus one
-    Batch.  handed() counts events accepted by ZeroMQ.
+    Messages go straight to the socket with DONTWAIT.  When ZeroMQ would block,
+    the sender spills messages into the aiozmq transport's buffer until that
+    buffer passes its low watermark, then awaits drain() until aiozmq has sent
+    all of the spill (the transport's limits are lowered to zero for that wait,
+    so drain() returns exactly when the buffer is empty), then goes back to
+    direct sends.  It takes nothing from the queue meanwhile, so what it holds
+    is one Batch plus at most the low watermark and one message.
     """
 
     def __init__(self, stream, queue: ByteQueue, counters: Counters):
@@ -619,50 +619,69 @@ class Sender:
         self._stream = stream
         self._transport = stream.transport
         self._sock = stream.transport.get_extra_info("zmq_socket")
+        self._low, self._high = self._transport.get_write_buffer_limits()
         self._queue = queue
         self._counters = counters
         # (bytes written to the transport so far, events in that message)
         self._in_transport: collections.deque = collections.deque()
         self._written_bytes = 0
-        self._settled_bytes = 0
 
     async def run(self):
-        """Send Batches until END; then wait until the transport buffer is empty."""
+        """Send Batches until END, then until the transport buffer is empty."""
         while True:
             batch = await self._queue.get()
             if batch is END:
                 break
-            self._send(batch.messages, batch.events)
-            await self._drain_if_paused()
-        self._transport.set_write_buffer_limits(high=0, low=0)
-        await self._drain_if_paused()
-        self._settle()
+            await self._send(batch.messages, batch.events)
+        await self._flush_transport()
 
-    async def _drain_if_paused(self):
-        if self._transport.get_write_buffer_size() > self._transport.get_write_buffer_limits()[1]:
-            self._counters.drain_waits += 1
-            await self._stream.drain()
-        self._settle()
-
-    def _send(self, messages: list, events: list) -> int:
-        """Hand messages over in order; returns how many went straight to ZeroMQ."""
+    async def _send(self, messages: list, events: list):
+        """Hand all messages over in order; waits while ZeroMQ would block."""
         sent = 0
-        if not self._transport.get_write_buffer_size():
-            send, flags = self._sock.send, self._dontwait
-            try:
-                for message in messages:
-                    send(message, flags)
-                    sent += 1
-            except self._again:
-                pass
-            self._counters.events_handed += (sent if len(events) == len(messages) and
-                                             events.count(1) == len(events)
-                                             else sum(events[:sent]))
-        for message, nevents in zip(messages[sent:], events[sent:]):
-            self._transport.write([message])
-            self._written_bytes += len(message)
-            self._in_transport.append((self._written_bytes, nevents))
+        while sent < len(messages):
+            sent = self._send_directly(messages, events, sent)
+            if sent < len(messages):
+                sent = self._spill(messages, events, sent)
+                await self._flush_transport()
+
+    def _send_directly(self, messages: list, events: list, first: int) -> int:
+        """Send from messages[first] on until ZeroMQ would block; returns the next index."""
+        send, flags, sent = self._sock.send, self._dontwait, first
+        try:
+            for message in messages[first:] if first else messages:
+                send(message, flags)
+                sent += 1
+        except self._again:
+            pass
+        handed = events[first:sent] if first or sent < len(events) else events
+        self._counters.events_handed += len(handed) if len(events) == len(messages) \
+            and self._one_event_each(events) else sum(handed)
         return sent
+
+    @staticmethod
+    def _one_event_each(events: list) -> bool:
+        return events[-1:] == [1] and events[:1] == [1] and sum(events) == len(events)
+
+    def _spill(self, messages: list, events: list, first: int) -> int:
+        """Write messages into the transport until its buffer passes the low watermark."""
+        index = first
+        while index < len(messages) and self._transport.get_write_buffer_size() <= self._low:
+            self._transport.write([messages[index]])
+            self._written_bytes += len(messages[index])
+            self._in_transport.append((self._written_bytes, events[index]))
+            index += 1
+        return index
+
+    async def _flush_transport(self):
+        """Wait until aiozmq has handed its whole buffer to ZeroMQ."""
+        if self._transport.get_write_buffer_size():
+            self._counters.drain_waits += 1
+            self._transport.set_write_buffer_limits(high=0, low=0)
+            try:
+                await self._stream.drain()
+            finally:
+                self._transport.set_write_buffer_limits(high=self._high, low=self._low)
+        self._settle()
 
     def _settle(self):
         """Count events that left the transport buffer for ZeroMQ."""
@@ -679,28 +698,25 @@ class Sender:
         messages are refused without being kept, so memory stays bounded."""
         line_ok = True
         for message, nevents, ends in zip(batch.messages, batch.events, batch.ends_line):
-            accepted = await self._wait_for_transport(timeout)
-            if accepted:
-                self._send([message], [nevents])
-                accepted = await self._wait_for_transport(timeout)
+            accepted = await self._flushed_within(timeout)
+            if accepted and not self._send_directly([message], [nevents], 0):
+                self._spill([message], [nevents], 0)
+                accepted = await self._flushed_within(timeout)
             line_ok = line_ok and accepted
             if ends:
                 on_line(line_ok)
                 line_ok = True
 
-    async def _wait_for_transport(self, timeout: float) -> bool:
-        """True once the transport buffer is empty (limits are 0,0 in confirm mode)."""
+    async def _flushed_within(self, timeout: float) -> bool:
         try:
-            await asyncio.wait_for(self._drain_if_paused(), timeout)
+            await asyncio.wait_for(self._flush_transport(), timeout)
         except asyncio.TimeoutError:
             self._settle()
             return False
         return True
 
-    def undelivered_in_transport(self) -> int:
-        """Events still in the transport buffer, not yet handed to ZeroMQ."""
-        self._settle()
-        return sum(n for _, n in self._in_transport)
+    def buffered_bytes(self) -> int:
+        return self._transport.get_write_buffer_size()
 
 
 # -------------------------------------------------------------- lifecycle --
@@ -771,8 +787,7 @@ class Shipper:
             not_handed = await self._ship()
         finally:
             self._reader.close()
-        stream.close()
-        delivered = self._close_socket(stream, context)
+        delivered = await self._close(stream, context)
         return self._report(not_handed, delivered)
 
     async def _ship(self) -> int:
@@ -817,18 +832,23 @@ class Shipper:
         if not reply("OK" if accepted else "zmqpush: not accepted by ZeroMQ in time"):
             self._reader.stop()
 
-    def _close_socket(self, stream, context) -> bool:
+    async def _close(self, stream, context) -> bool:
         """Close with what is left of --linger.  True if ZeroMQ delivered all it
         held: its termination returned before the linger ran out.  With
         --linger 0 nothing is waited for and pending messages are not judged."""
         import zmq
         remaining = max(0.0, self._deadline - time.monotonic())
         sock = stream.transport.get_extra_info("zmq_socket")
+        sock.setsockopt(zmq.LINGER, int(remaining * 1000))
+        if self._sender.buffered_bytes():
+            stream.transport.abort()
+        else:
+            stream.close()
+        await asyncio.sleep(0)
         if not sock.closed:
-            sock.setsockopt(zmq.LINGER, int(remaining * 1000))
             sock.close()
         began = time.monotonic()
-        context.term()
+        await asyncio.get_running_loop().run_in_executor(None, context.term)
         return self.config.linger == 0 or time.monotonic() - began + 0.01 < remaining
 
     def _report(self, not_handed: int, delivered: bool) -> int:
@@ -873,8 +893,7 @@ class Shipper:
         os._exit(EXIT_SIGNAL_BASE + signum)
 
     def _print_counters(self):
-        warn(self.counters.line(self._queue.events(),
-                                self._sender._transport.get_write_buffer_size()))
+        warn(self.counters.line(self._queue.events(), self._sender.buffered_bytes()))
 
 
 def reply(text: str) -> bool:

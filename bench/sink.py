@@ -25,6 +25,17 @@ def events_of(frame: bytes):
     return doc if isinstance(doc, list) else [doc]
 
 
+def drain(sock, most: int = 10_000):
+    """Frames that are ready now, without waiting (at most `most` messages)."""
+    frames = []
+    try:
+        for _ in range(most):
+            frames += sock.recv_multipart(zmq.NOBLOCK)
+    except zmq.Again:
+        pass
+    return frames
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", default="tcp://127.0.0.1:2120", help="endpoint to bind")
@@ -52,7 +63,7 @@ def main() -> int:
                 break
             continue
         started = started or time.monotonic()
-        for frame in sock.recv_multipart():
+        for frame in drain(sock):
             events = events_of(frame)
             if events is None:
                 invalid += 1
