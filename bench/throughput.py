@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Throughput: zmqpush (default and --batch) against the naive pyzmq loop, in one run.
+
+Each shipper reads the same realistic corpus (bench/corpus.py) from a pipe and sends
+to bench/sink.py in another process, which validates every event with a strict JSON
+parse.  Runs alternate between modes; the table shows medians: lines/s end to end
+(shipper start to the receiver's last event), shipper CPU-seconds per million lines,
+shipper peak RSS, events received and invalid, and each mode's ratio to the naive loop.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from corpus import write_corpus  # noqa: E402
+
+PY = sys.executable
+TIME = "/usr/bin/time"
+MODES = {
+    "naive pyzmq loop": lambda ep: [PY, str(HERE / "naive.py"), ep],
+    "zmqpush": lambda ep: [PY, str(HERE.parent / "zmqpush.py"), "-q", "-c", ep],
+    "zmqpush --batch": lambda ep: [PY, str(HERE.parent / "zmqpush.py"), "-q", "--batch",
+                                   "-c", ep],
+}
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_once(mode: str, corpus: str, lines: int) -> dict:
+    """One shipment of the corpus; returns its measurements."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sink = subprocess.Popen([PY, str(HERE / "sink.py"), "--bind", endpoint, "--quiet",
+                             "--count", str(lines), "--idle", "10"],
+                            stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    with tempfile.NamedTemporaryFile("r") as usage, open(corpus, "rb") as f:
+        began = time.monotonic()
+        cat = subprocess.Popen(["cat"], stdin=f, stdout=subprocess.PIPE)
+        # GNU time measures the shipper alone: its own small process forks it.
+        shipper = subprocess.Popen([TIME, "-o", usage.name, "-f", "%U %S %M",
+                                    *MODES[mode](endpoint)],
+                                   stdin=cat.stdout, stderr=subprocess.DEVNULL)
+        cat.stdout.close()
+        shipper.wait()
+        summary = sink.communicate(timeout=120)[0].split()
+        took = time.monotonic() - began
+        user, system, rss_kib = usage.read().split()[-3:]
+    cat.wait()
+    received, invalid = int(summary[1]), int(summary[3].strip("("))
+    return {"lines/s": lines / took, "cpu": (float(user) + float(system)) * 1e6 / lines,
+            "rss": int(rss_kib) / 1024, "received": received, "invalid": invalid,
+            "exit": shipper.returncode}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lines", type=int, default=500_000)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = os.path.join(tmp, "corpus.log")
+        size = write_corpus(corpus, args.lines)
+        results = {mode: [] for mode in MODES}
+        for _ in range(args.runs):
+            for mode in MODES:
+                results[mode].append(run_once(mode, corpus, args.lines))
+    print(f"{args.lines} lines of {size / args.lines:.0f} bytes, median of {args.runs} "
+          f"alternating runs, {os.cpu_count()} CPUs\n")
+    print("| shipper | lines/s | ratio to naive | CPU-s per 1M lines | peak RSS MiB "
+          "| received | invalid |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    base = statistics.median(r["lines/s"] for r in results["naive pyzmq loop"])
+    for mode, runs in results.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(f"| {mode} | {med['lines/s']:,.0f} | {med['lines/s'] / base:.2f} "
+              f"| {med['cpu']:.2f} | {med['rss']:.1f} | {min(r['received'] for r in runs):,} "
+              f"| {max(r['invalid'] for r in runs)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
