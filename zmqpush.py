@@ -11,11 +11,13 @@ import argparse
 import asyncio
 import collections
 import errno
+import json
 import json.encoder
 import os
 import re
 import select
 import signal
+import socket
 import sys
 import time
 from typing import NamedTuple
@@ -33,7 +35,7 @@ DEFAULT_LINGER = 4.0
 DEFAULT_SNDHWM = 1000
 # In --batch mode a message is a whole read: SNDHWM defaults to this many bytes of them.
 BATCH_ZMQ_BYTES = 16 << 20
-DEFAULT_QUEUE_BYTES = 8 << 20
+DEFAULT_QUEUE_BYTES = 4 << 20
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_READ_BYTES = 256 << 10
 DEFAULT_CONFIRM_TIMEOUT = 2.0
@@ -96,6 +98,11 @@ class Config(NamedTuple):
     confirm: bool
     confirm_timeout: float
     quiet: bool
+    fields: tuple
+    timestamp: bool
+    stats: float | None
+    stats_format: str
+    progress: bool
 
 
 class _Parser(argparse.ArgumentParser):
@@ -177,8 +184,21 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
     p.add_argument("--confirm-timeout", type=_seconds, metavar="SECONDS",
                    help="--confirm: how long a line may wait for ZeroMQ before it is "
                    f"refused (default {DEFAULT_CONFIRM_TIMEOUT:g})")
+    p.add_argument("--host-field", action="store_true", default=None,
+                   help='add "host": this host\'s name (Logstash would stamp its own)')
+    p.add_argument("--timestamp", action="store_true", default=None,
+                   help='add "@timestamp": when the line was read, ISO 8601 UTC, ms')
+    p.add_argument("-f", "--field", action="append", metavar="KEY=VALUE",
+                   help="add a static string field (repeatable)")
+    p.add_argument("--stats", type=_seconds, metavar="SECONDS",
+                   help="print the counters on stderr every SECONDS")
+    p.add_argument("--stats-format", choices=("text", "json"),
+                   help="--stats and SIGUSR1 line format (default text)")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="a self-updating status line, only when stderr is a terminal")
     p.add_argument("-q", "--quiet", action="store_true", default=None,
-                   help="no diagnostics but errors and the closing line")
+                   help="no connection events; errors, the closing line and what "
+                   "you asked for (--stats, SIGUSR1) still print")
     p.add_argument("--version", action="version", version=f"zmqpush {__version__}")
     return p
 
@@ -206,6 +226,27 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
             raise UsageError(f"{name}: {text!r} is not one of {', '.join(action.choices)}")
         defaults[action.dest] = value
     return defaults
+
+
+RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp")
+
+
+def extra_fields(specs: list, host_field: bool) -> tuple:
+    """(key, value) pairs from -f KEY=VALUE and --host-field; UsageError if a key is
+    empty, reserved, or given twice."""
+    fields = [("host", socket.gethostname())] if host_field else []
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not sep or not key:
+            raise UsageError(f"bad field {spec!r} (expected KEY=VALUE)")
+        fields.append((key, value))
+    keys = [key for key, _ in fields]
+    for key in keys:
+        if key in RESERVED_FIELDS:
+            raise UsageError(f"field {key!r} is reserved")
+        if keys.count(key) > 1:
+            raise UsageError(f"field {key!r} given twice")
+    return tuple(fields)
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -257,6 +298,11 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         confirm_timeout=(DEFAULT_CONFIRM_TIMEOUT if opt["confirm_timeout"] is None
                          else opt["confirm_timeout"]),
         quiet=bool(opt["quiet"]),
+        fields=extra_fields(opt["field"] or [], bool(opt["host_field"])),
+        timestamp=bool(opt["timestamp"]),
+        stats=opt["stats"] or None,
+        stats_format=opt["stats_format"] or "text",
+        progress=bool(opt["progress"]),
     )
 
 
@@ -271,6 +317,13 @@ _LINE_MARK = "\ud800"
 _MESSAGE_MARK = "\x00"
 
 
+def iso8601_utc(epoch: float) -> str:
+    """e.g. 2026-11-21T23:36:59.123Z"""
+    millis = int(epoch * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000)) + \
+        f".{millis % 1000:03d}Z"
+
+
 class Encoder:
     """Turns chunks of complete lines into JSON messages, in bulk.
 
@@ -279,21 +332,29 @@ class Encoder:
     followed by "type" and "@pid" in that order.
     """
 
-    def __init__(self, logtype: str, pid: int, batch: bool):
+    def __init__(self, logtype: str, pid: int, batch: bool, fields: tuple = (),
+                 timestamp: bool = False):
         self._head = '{"message":'
-        self._tail = ',"type":' + _escape(logtype) + ',"@pid":' + str(pid) + "}"
+        self._tail = (',"type":' + _escape(logtype) + ',"@pid":' + str(pid)
+                      + "".join("," + _escape(k) + ":" + _escape(v) for k, v in fields))
+        self._timestamp = timestamp
         self._batch = batch
 
-    def encode(self, lines: bytes, strip_cr: bool = True, continues: bool = False) -> list:
+    def encode(self, lines: bytes, strip_cr: bool = True, continues: bool = False,
+               read_at: float = 0.0) -> list:
         """Encode lines (each ending in b"\\n"; CR before it stripped if strip_cr).
 
         Returns one message per line, or in batch mode one JSON array.
-        continues marks a piece of an over-long line that the next message goes on.
+        continues marks a piece of an over-long line that the next message goes on;
+        read_at (epoch seconds) is the "@timestamp" when that field is on.
         """
         if strip_cr:
             lines = lines.replace(b"\r\n", b"\n")
         text = lines.decode("utf-8", "replace")[:-1].replace("\n", _LINE_MARK)
-        tail = self._tail[:-1] + ',"@continues":true}' if continues else self._tail
+        tail = self._tail
+        if self._timestamp:
+            tail += ',"@timestamp":"' + iso8601_utc(read_at) + '"'
+        tail += ',"@continues":true}' if continues else "}"
         between = '"' + tail + ("," if self._batch else _MESSAGE_MARK) + self._head + '"'
         body = self._head + _escape(text).replace(_LINE_MARK, between) + tail
         if self._batch:
@@ -457,6 +518,7 @@ class StdinReader:
         self._read_bytes = read_bytes
         self._drop = drop_when_full
         self._stopping = False
+        self._read_at = time.time()
         self._waiter: asyncio.Future | None = None
         self._loop = asyncio.get_running_loop()
         self._flags = None
@@ -504,6 +566,7 @@ class StdinReader:
             data = await self._read()
             if not data:
                 break
+            self._read_at = time.time()
             await self._hand_over(self._framer.feed(data), len(data))
         await self._hand_over(self._framer.finish(), 0)
         await self._queue.put(END)
@@ -531,7 +594,8 @@ class StdinReader:
             return
         messages, events, ends = [], [], []
         for seg in segments:
-            encoded = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues)
+            encoded = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
+                                           self._read_at)
             messages += encoded
             if len(encoded) == 1:
                 events.append(seg.lines.count(b"\n"))
@@ -718,12 +782,18 @@ class Sender:
     def buffered_bytes(self) -> int:
         return self._transport.get_write_buffer_size()
 
+    @property
+    def socket(self):
+        """The PUSH socket (the reporter monitors it)."""
+        return self._sock
+
 
 # -------------------------------------------------------------- lifecycle --
-# Owns the run: counters, signals, the end-of-input linger and the exit code.
+# Owns the run: counters and what is reported of them, signals, the
+# end-of-input linger and the exit code.
 
 class Counters:
-    """What happened so far; printed by SIGUSR1 and at exit."""
+    """What happened so far, counted where it happens (reader, sender, monitor)."""
 
     def __init__(self):
         self.bytes_read = 0
@@ -732,20 +802,150 @@ class Counters:
         self.events_dropped = 0
         self.pieces = 0
         self.drain_waits = 0
+        self.connected = 0
 
-    def line(self, queued: int, buffered: int) -> str:
-        return (f"read={self.events_read} bytes={self.bytes_read} "
-                f"sent={self.events_handed} queued={queued} dropped={self.events_dropped} "
-                f"split={self.pieces} transport_bytes={buffered} "
-                f"drain_waits={self.drain_waits}")
+
+class Reporter:
+    """Everything zmqpush says about itself while it runs, on stderr: --stats
+    lines, SIGUSR1, the --progress line, and connection events read from a
+    ZeroMQ socket monitor (which also counts connected receivers).  Its timers
+    exist only when --stats or --progress asked for them."""
+
+    EVENT_REPEAT_SECONDS = 5.0
+
+    def __init__(self, config: Config, counters: Counters, queue: ByteQueue, sender: Sender):
+        self._config = config
+        self._counters = counters
+        self._queue = queue
+        self._sender = sender
+        self._last = (time.monotonic(), 0)
+        self._timers: list = []
+        self._progress = config.progress and os.isatty(2)
+        self._event_last: dict = {}
+        self._sock = sender.socket
+        self._monitor = None
+        self._monitor_fd = -1
+
+    def snapshot(self) -> dict:
+        """The counters now, with the send rate since the previous snapshot."""
+        c = self._counters
+        now, sent_before = time.monotonic(), self._last[1]
+        rate = (c.events_handed - sent_before) / max(1e-9, now - self._last[0])
+        self._last = (now, c.events_handed)
+        return {"read": c.events_read, "bytes": c.bytes_read, "sent": c.events_handed,
+                "queued": self._queue.events(), "dropped": c.events_dropped,
+                "split": c.pieces, "transport_bytes": self._sender.buffered_bytes(),
+                "drain_waits": c.drain_waits, "connected": c.connected,
+                "rate": round(rate, 1)}
+
+    def print_stats(self):
+        """One counters line: "zmqpush: read=N ..." or, with --stats-format json, an object."""
+        values = self.snapshot()
+        if self._config.stats_format == "json":
+            write_stderr(json.dumps(values, separators=(",", ":")) + "\n")
+        else:
+            warn(" ".join(f"{k}={v}" for k, v in values.items()))
+
+    def start(self):
+        """Start the connection monitor, and the timers that were asked for."""
+        loop = asyncio.get_running_loop()
+        if self._config.stats:
+            self._every(loop, self._config.stats, self.print_stats)
+        if self._progress:
+            self._every(loop, 0.5, self._print_progress)
+        self._start_monitor(loop)
+
+    def _every(self, loop, seconds: float, action):
+        def tick():
+            action()
+            self._timers[index] = loop.call_later(seconds, tick)
+        index = len(self._timers)
+        self._timers.append(loop.call_later(seconds, tick))
+
+    def stop(self):
+        """Cancel the timers and stop the monitor (before the socket closes)."""
+        for timer in self._timers:
+            timer.cancel()
+        self._stop_monitor()
+        if self._progress:
+            self._print_progress()
+            write_stderr("\n")
+
+    def _print_progress(self):
+        v = self.snapshot()
+        state = f"{v['connected']} connected" if v["connected"] else "waiting for a receiver"
+        write_stderr(f"\r\x1b[Kzmqpush: {v['rate']:,.0f} lines/s, {v['sent']:,} sent, "
+                     f"{v['queued']:,} queued, {v['dropped']:,} dropped, {state}")
+
+    def _start_monitor(self, loop):
+        """A pyzmq monitor socket for the PUSH socket, watched by the loop.
+
+        (aiozmq's own monitor misses events over inproc with this loop and can
+        block at close.)  Only the three events used are asked for, so libzmq
+        never has to send a "monitor stopped" event at the end."""
+        import zmq
+        events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | \
+            zmq.EVENT_CONNECT_RETRIED
+        self._monitor = self._sock.get_monitor_socket(events)
+        self._monitor_fd = self._monitor.getsockopt(zmq.FD)
+        loop.add_reader(self._monitor_fd, self._read_events)
+        loop.call_soon(self._read_events)
+
+    def _stop_monitor(self):
+        if self._monitor is None:
+            return
+        asyncio.get_running_loop().remove_reader(self._monitor_fd)
+        self._read_events()
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self._monitor = None
+
+    def _read_events(self):
+        """Handle every monitor event ready now (ZeroMQ's FD signals edges only)."""
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+        while self._monitor is not None and \
+                self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
+            endpoint = event["endpoint"]
+            self._on_event(event["event"], endpoint.decode() if isinstance(endpoint, bytes)
+                           else endpoint, zmq)
+
+    def _on_event(self, event: int, endpoint: str, zmq):
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._counters.connected += 1
+            self._say("connected", endpoint)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._counters.connected = max(0, self._counters.connected - 1)
+            self._say("disconnected", endpoint)
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            self._say("retrying", endpoint)
+
+    def _say(self, what: str, endpoint: str):
+        """One line per event, at most one per kind and endpoint every 5 s."""
+        if self._config.quiet:
+            return
+        now = time.monotonic()
+        last, skipped = self._event_last.get((what, endpoint), (-1e9, 0))
+        if now - last < self.EVENT_REPEAT_SECONDS:
+            self._event_last[(what, endpoint)] = (last, skipped + 1)
+            return
+        more = f" ({skipped} more since last said)" if skipped else ""
+        self._event_last[(what, endpoint)] = (now, 0)
+        warn(f"receiver {what} {endpoint}{more}")
+
+
+def write_stderr(text: str):
+    """Write to stderr; never fails (stderr may be a closed pipe)."""
+    try:
+        os.write(2, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
 
 
 def warn(text: str):
-    """One diagnostic line on stderr; never fails (stderr may be a closed pipe)."""
-    try:
-        os.write(2, f"zmqpush: {text}\n".encode("utf-8", "replace"))
-    except OSError:
-        pass
+    """One diagnostic line on stderr, prefixed "zmqpush: "."""
+    write_stderr(f"zmqpush: {text}\n")
 
 
 class Shipper:
@@ -762,6 +962,7 @@ class Shipper:
         self._reader: StdinReader | None = None
         self._sender: Sender | None = None
         self._queue: ByteQueue | None = None
+        self._reporter: Reporter | None = None
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
@@ -775,18 +976,22 @@ class Shipper:
                                               errno.ENODEV) else EXIT_ERROR
         self._input_done = asyncio.Event()
         self._queue = ByteQueue(config.queue_bytes)
-        encoder = Encoder(config.logtype, os.getpid(), config.batch)
+        encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
+                          config.timestamp)
         read_bytes = config.batch_bytes if config.batch else DEFAULT_READ_BYTES
         self._reader = StdinReader(
             self._stdin_fd, self._queue, encoder=encoder,
             framer=LineFramer(config.max_line_bytes), counters=self.counters,
             read_bytes=read_bytes, drop_when_full=config.when_full == "drop")
         self._sender = Sender(stream, self._queue, self.counters)
+        self._reporter = Reporter(config, self.counters, self._queue, self._sender)
+        self._reporter.start()
         self._install_signals()
         try:
             not_handed = await self._ship()
         finally:
             self._reader.close()
+            self._reporter.stop()
         delivered = await self._close(stream, context)
         return self._report(not_handed, delivered)
 
@@ -867,10 +1072,7 @@ class Shipper:
                    f"Tagged with @pid:{os.getpid()}")
         if counters.events_dropped:
             closing += f". Dropped {counters.events_dropped} messages (queue full)"
-        try:
-            os.write(2, (closing + "\n").encode())
-        except OSError:
-            pass
+        write_stderr(closing + "\n")
         return code
 
     def _install_signals(self):
@@ -879,7 +1081,7 @@ class Shipper:
         loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, signal.SIGTERM)
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, signal.SIGINT)
-        loop.add_signal_handler(signal.SIGUSR1, self._print_counters)
+        loop.add_signal_handler(signal.SIGUSR1, self._reporter.print_stats)
 
     def _on_stop_signal(self, signum: int):
         """First SIGTERM/SIGINT: stop reading and linger.  Second: exit now."""
@@ -891,9 +1093,6 @@ class Shipper:
                       - self.counters.events_handed)
         warn(f"interrupted: {not_handed} messages not handed to ZeroMQ")
         os._exit(EXIT_SIGNAL_BASE + signum)
-
-    def _print_counters(self):
-        warn(self.counters.line(self._queue.events(), self._sender.buffered_bytes()))
 
 
 def reply(text: str) -> bool:

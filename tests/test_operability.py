@@ -1,0 +1,183 @@
+"""Issue 6: fields, counters, live view, connection events, configuration by environment."""
+import json
+import os
+import pty
+import select
+import signal
+import socket
+import time
+from datetime import datetime, timezone
+
+from conftest import Receiver, closing_count, free_port, run, start, stop_process
+
+
+def test_host_timestamp_and_static_fields_are_added_and_escaped(receiver):
+    before = datetime.now(timezone.utc)
+    proc = run(["-c", receiver.endpoint, "--host-field", "--timestamp",
+                "-f", 'env=prod "eu"', "-f", "tab\tkey=v\\x", "app"], b"one\ntwo\n")
+    after = datetime.now(timezone.utc)
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(2) == 2
+    first = receiver.frames[0].decode()
+    assert first.startswith('{"message":"one","type":"app","@pid":')
+    event = json.loads(first, strict=True)
+    assert list(event) == ["message", "type", "@pid", "host", "env", "tab\tkey",
+                           "@timestamp"]
+    assert event["host"] == socket.gethostname()
+    assert event["env"] == 'env=prod "eu"'.split("=", 1)[1]
+    assert event["tab\tkey"] == "v\\x"
+    stamp = event["@timestamp"]
+    assert len(stamp) == 24 and stamp.endswith("Z")
+    when = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= when <= after
+
+
+def test_fields_work_in_batch_mode_too(receiver):
+    proc = run(["-c", receiver.endpoint, "--batch", "-f", "dc=x"], b"a\nb\n")
+    assert proc.returncode == 0, proc.stderr
+    receiver.wait_for(1)
+    assert [e["dc"] for e in receiver.events()] == ["x", "x"]
+
+
+def test_timestamp_is_when_the_line_was_read_not_when_sent():
+    port = free_port()
+    proc = start(["-c", f"tcp://127.0.0.1:{port}", "--timestamp"])
+    try:
+        proc.stdin.write(b"early\n")
+        proc.stdin.flush()
+        read_at = datetime.now(timezone.utc)
+        time.sleep(1.5)  # receiver down: the line waits in zmqpush/ZeroMQ
+        receiver = Receiver(port)
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+        assert receiver.wait_for(1) == 1
+        stamp = receiver.events()[0]["@timestamp"]
+        when = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+        assert abs((when - read_at).total_seconds()) < 0.5
+        receiver.stop()
+    finally:
+        stop_process(proc)
+
+
+def test_bad_field_specs_are_refused():
+    for args, word in ((["-f", "novalue"], "KEY=VALUE"), (["-f", "=v"], "KEY=VALUE"),
+                       (["-f", "message=x"], "reserved"), (["-f", "@pid=1"], "reserved"),
+                       (["-f", "type=x"], "reserved"), (["-f", "@timestamp=x"], "reserved"),
+                       (["-f", "a=1", "-f", "a=2"], "twice"),
+                       (["--host-field", "-f", "host=h"], "twice")):
+        proc = run(args, b"x\n", timeout=10)
+        assert proc.returncode == 2, args
+        assert word in proc.stderr.decode() and len(proc.stderr.splitlines()) == 1
+
+
+def test_stats_lines_parse_and_match_what_the_receiver_got(receiver):
+    proc = start(["-c", receiver.endpoint, "--stats", "0.2", "--stats-format", "json"])
+    try:
+        proc.stdin.write(b"".join(b"%d\n" % i for i in range(1000)))
+        proc.stdin.flush()
+        assert receiver.wait_for(1000) == 1000
+        time.sleep(0.5)
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+        lines = proc.stderr.read().decode().splitlines()
+        stats = [json.loads(line) for line in lines if line.startswith("{")]
+        assert len(stats) >= 2
+        last = stats[-1]
+        assert last["sent"] == last["read"] == 1000 == len(receiver.frames)
+        assert last["queued"] == 0 and last["dropped"] == 0 and last["connected"] == 1
+        assert set(last) == {"read", "bytes", "sent", "queued", "dropped", "split",
+                             "transport_bytes", "drain_waits", "connected", "rate"}
+    finally:
+        stop_process(proc)
+
+
+def test_text_stats_and_sigusr1(receiver):
+    proc = start(["-c", receiver.endpoint, "--stats", "0.2"])
+    try:
+        proc.stdin.write(b"x\ny\n")
+        proc.stdin.flush()
+        receiver.wait_for(2)
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(0.2)
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+        lines = [line for line in proc.stderr.read().decode().splitlines()
+                 if line.startswith("zmqpush: read=")]
+        fields = dict(kv.split("=") for kv in lines[-1].split(": ", 1)[1].split())
+        assert fields["read"] == fields["sent"] == "2" and fields["connected"] == "1"
+    finally:
+        stop_process(proc)
+
+
+def read_pty(fd: int, seconds: float) -> bytes:
+    out, deadline = b"", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:
+                break
+    return out
+
+
+def test_progress_shows_on_a_terminal_only(receiver):
+    master, slave = pty.openpty()
+    proc = start(["-c", receiver.endpoint, "--progress"], stderr=slave)
+    os.close(slave)
+    try:
+        proc.stdin.write(b"a\nb\nc\n")
+        proc.stdin.flush()
+        shown = read_pty(master, 1.5)
+        proc.stdin.close()
+        proc.wait(10)
+        shown += read_pty(master, 0.5)
+        assert b"\r\x1b[Kzmqpush: " in shown
+        assert b"3 sent" in shown and b"1 connected" in shown
+    finally:
+        stop_process(proc)
+        os.close(master)
+    plain = run(["-c", receiver.endpoint, "--progress"], b"d\n")
+    assert b"\r" not in plain.stderr and b"lines/s" not in plain.stderr
+    assert closing_count(plain.stderr) == 1
+
+
+def test_connection_events_when_a_receiver_starts_and_stops_and_quiet_silences_them():
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    proc = start(["-c", endpoint])
+    try:
+        time.sleep(0.5)
+        receiver = Receiver(port)
+        proc.stdin.write(b"x\n")
+        proc.stdin.flush()
+        receiver.wait_for(1)
+        time.sleep(0.3)
+        receiver.stop()
+        time.sleep(0.5)
+        proc.stdin.close()
+        proc.wait(10)
+        err = proc.stderr.read().decode()
+        assert f"zmqpush: receiver connected {endpoint}" in err
+        assert f"zmqpush: receiver disconnected {endpoint}" in err
+    finally:
+        stop_process(proc)
+    quiet = run(["-c", endpoint, "-q", "--linger", "0.5"], b"", timeout=10)
+    assert quiet.stderr.decode().splitlines()[-1].startswith("Processed 0 messages")
+    assert "receiver" not in quiet.stderr.decode()
+
+
+def test_every_option_from_the_environment_with_no_arguments(receiver):
+    env = {"ZMQPUSH_CONNECT": receiver.endpoint, "ZMQPUSH_LOGTYPE": "envtype",
+           "ZMQPUSH_FIELD": "a=1,b=2", "ZMQPUSH_TIMESTAMP": "1", "ZMQPUSH_BATCH": "yes",
+           "ZMQPUSH_QUIET": "on", "ZMQPUSH_LINGER": "2"}
+    proc = run([], b"from env\n", env=env)
+    assert proc.returncode == 0, proc.stderr
+    receiver.wait_for(1)
+    (frame,) = receiver.frames
+    assert frame.startswith(b"[")
+    (event,) = json.loads(frame)
+    assert event["type"] == "envtype" and event["a"] == "1" and event["b"] == "2"
+    assert "@timestamp" in event
+    bad = run([], b"", env={"ZMQPUSH_WHEN_FULL": "sometimes"})
+    assert bad.returncode == 2 and b"ZMQPUSH_WHEN_FULL" in bad.stderr
