@@ -717,14 +717,8 @@ class Sender:
                 sent += 1
         except self._again:
             pass
-        handed = events[first:sent] if first or sent < len(events) else events
-        self._counters.events_handed += len(handed) if len(events) == len(messages) \
-            and self._one_event_each(events) else sum(handed)
+        self._counters.events_handed += sum(events[first:sent])
         return sent
-
-    @staticmethod
-    def _one_event_each(events: list) -> bool:
-        return events[-1:] == [1] and events[:1] == [1] and sum(events) == len(events)
 
     def _spill(self, messages: list, events: list, first: int) -> int:
         """Write messages into the transport until its buffer passes the low watermark."""
