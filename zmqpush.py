@@ -444,11 +444,10 @@ class LineFramer:
     def _cut(self, line) -> int:
         """Where to end a piece of at most max bytes: not inside a UTF-8
         character, not between CR and what follows it."""
-        cut = self._max
-        back = cut
+        cut = back = self._max
         while back > cut - 3 and back > 1 and 0x80 <= line[back] < 0xC0:
             back -= 1
-        if 0xC0 <= line[back] or not 0x80 <= line[back] < 0xC0:
+        if not 0x80 <= line[back] < 0xC0:  # a character starts there
             cut = back
         if line[cut - 1] == 0x0D and cut > 1:
             cut -= 1

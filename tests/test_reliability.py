@@ -299,3 +299,45 @@ def test_hostile_bytes_give_strict_json_and_exact_counts(receiver):
     assert closing_count(proc.stderr.read()) == len(events)
     rebuilt = b"".join(e["message"].encode("utf-8", "surrogatepass") for e in events[8:])
     assert rebuilt == garbage.decode("utf-8", "replace").encode("utf-8", "surrogatepass")
+
+
+def connected_now(path) -> int:
+    """'connected' from the last --stats json line written to path."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    return json.loads(lines[-1])["connected"] if lines else -1
+
+
+def wait_connected(path, value: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if connected_now(path) == value:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_heartbeat_drops_a_receiver_that_stopped_answering_and_reconnects(tmp_path):
+    """A SIGSTOPped receiver keeps its TCP connection (the kernel answers) but not
+    ZeroMQ: like a host that vanished.  With --heartbeat it is dropped, then found
+    again; without, it still counts as connected."""
+    port = free_port()
+    sink = subprocess.Popen([sys.executable, SINK, "--bind", f"tcp://127.0.0.1:{port}",
+                             "--quiet"], stdout=subprocess.DEVNULL)
+    logs, procs = {}, {}
+    try:
+        for name, extra in (("heartbeat", ["--heartbeat", "0.2"]), ("none", [])):
+            logs[name] = tmp_path / f"{name}.err"
+            with open(logs[name], "wb") as err:
+                procs[name] = start(["-c", f"tcp://127.0.0.1:{port}", "--stats", "0.1",
+                                     "--stats-format", "json", *extra], stderr=err)
+        assert all(wait_connected(logs[n], 1, 10) for n in procs)
+        os.kill(sink.pid, signal.SIGSTOP)
+        assert wait_connected(logs["heartbeat"], 0, 5), "vanished receiver not noticed"
+        assert connected_now(logs["none"]) == 1
+        os.kill(sink.pid, signal.SIGCONT)
+        assert wait_connected(logs["heartbeat"], 1, 10), "receiver not found again"
+    finally:
+        for proc in procs.values():
+            stop_process(proc)
+        os.kill(sink.pid, signal.SIGCONT)
+        stop_process(sink)
