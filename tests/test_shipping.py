@@ -255,3 +255,20 @@ def test_starts_where_asyncio_has_no_safechildwatcher_as_on_python_314(receiver)
                           capture_output=True, timeout=20)
     assert proc.returncode == 0, proc.stderr
     assert receiver.wait_for(1) == 1
+
+
+WITHOUT_UVLOOP = """
+import runpy, sys
+sys.modules["uvloop"] = None  # import uvloop now raises ImportError
+sys.argv = [sys.argv[1]] + sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_runs_on_the_default_asyncio_loop_when_uvloop_is_missing(receiver):
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_UVLOOP, str(ROOT / "zmqpush.py"),
+                           "-q", "-c", receiver.endpoint], input=b"no uvloop\n",
+                          capture_output=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.decode().splitlines()[0].startswith("Processed 1 messages")
+    assert receiver.wait_for(1) == 1
