@@ -72,7 +72,8 @@ class PrivateRsyslog:
                 return self
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError("rsyslogd did not open its TCP port")
+        self.stop()
+        raise RuntimeError(f"rsyslogd did not open its TCP port: {self.log.read_text()}")
 
     def send(self, messages, chunk: int = 2000):
         """Send messages over one TCP connection, as fast as it takes them."""
