@@ -528,6 +528,7 @@ class StdinReader:
     object.  While the queue is full it stops reading (policy "block": the
     pipe fills and the producer blocks) or drops and counts (policy "drop").
     Regular files and /dev/null cannot be polled: they are read directly.
+    `ended` is set at EOF or stop(), even while the last puts still wait for room.
     """
 
     def __init__(self, fd: int, queue: ByteQueue, *, encoder: Encoder, framer: LineFramer,
@@ -540,6 +541,7 @@ class StdinReader:
         self._read_bytes = read_bytes
         self._drop = drop_when_full
         self._stopping = False
+        self.ended = asyncio.Event()
         self._read_at = time.time()
         self._waiter: asyncio.Future | None = None
         self._loop = asyncio.get_running_loop()
@@ -570,6 +572,7 @@ class StdinReader:
     def stop(self):
         """Stop reading soon; what was read (an unfinished line too) is still sent."""
         self._stopping = True
+        self.ended.set()
         self._wake()
 
     def close(self):
@@ -590,6 +593,7 @@ class StdinReader:
                 break
             self._read_at = time.time()
             await self._hand_over(self._framer.feed(data), len(data))
+        self.ended.set()
         await self._hand_over(self._framer.finish(), 0)
         await self._queue.put(END)
 
@@ -820,6 +824,10 @@ class Counters:
         self.drain_waits = 0
         self.connected = 0
 
+    def not_handed(self) -> int:
+        """Events read and not dropped that ZeroMQ has not accepted (yet)."""
+        return self.events_read - self.events_dropped - self.events_handed
+
 
 class Reporter:
     """Everything zmqpush says about itself while it runs, on stderr: --stats
@@ -974,7 +982,6 @@ class Shipper:
         self._started = time.perf_counter()
         self._stop_signals = 0
         self._deadline = 0.0
-        self._input_done: asyncio.Event | None = None
         self._reader: StdinReader | None = None
         self._sender: Sender | None = None
         self._queue: ByteQueue | None = None
@@ -990,7 +997,6 @@ class Shipper:
                  f"{exc.strerror or exc}")
             return EXIT_USAGE if exc.errno in (errno.EINVAL, errno.EPROTONOSUPPORT,
                                               errno.ENODEV) else EXIT_ERROR
-        self._input_done = asyncio.Event()
         self._queue = ByteQueue(config.queue_bytes)
         encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
                           config.timestamp)
@@ -1019,10 +1025,11 @@ class Shipper:
             sender = self._confirm_loop()
         else:
             sender = self._sender.run()
-        reader_task = asyncio.ensure_future(self._read_all())
+        reader_task = asyncio.ensure_future(self._reader.run())
         sender_task = asyncio.ensure_future(sender)
-        await asyncio.wait([asyncio.ensure_future(self._input_done.wait()), sender_task],
-                           return_when=asyncio.FIRST_COMPLETED)
+        input_ended = asyncio.ensure_future(self._reader.ended.wait())
+        await asyncio.wait([input_ended, sender_task], return_when=asyncio.FIRST_COMPLETED)
+        input_ended.cancel()
         self._deadline = time.monotonic() + self.config.linger
         done, pending = await asyncio.wait([reader_task, sender_task],
                                            timeout=self.config.linger)
@@ -1031,14 +1038,7 @@ class Shipper:
         for task in done:
             if task.exception() is not None:
                 raise task.exception()
-        return (self.counters.events_read - self.counters.events_dropped
-                - self.counters.events_handed)
-
-    async def _read_all(self):
-        try:
-            await self._reader.run()
-        finally:
-            self._input_done.set()
+        return self.counters.not_handed()
 
     async def _confirm_loop(self):
         """--confirm: the sender loop that replies to rsyslog on stdout."""
@@ -1105,9 +1105,7 @@ class Shipper:
         if self._stop_signals == 1:
             self._reader.stop()
             return
-        not_handed = (self.counters.events_read - self.counters.events_dropped
-                      - self.counters.events_handed)
-        warn(f"interrupted: {not_handed} messages not handed to ZeroMQ")
+        warn(f"interrupted: {self.counters.not_handed()} messages not handed to ZeroMQ")
         os._exit(EXIT_SIGNAL_BASE + signum)
 
 

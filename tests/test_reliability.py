@@ -156,6 +156,26 @@ def test_sigterm_mid_stream_delivers_all_read_and_exits_0(receiver):
         stop_process(proc)
 
 
+def test_sigterm_with_receiver_down_and_queue_full_still_exits_within_linger():
+    """The linger starts at the signal, even while the reader waits for queue room."""
+    port = free_port()
+    proc = start(["-c", f"tcp://127.0.0.1:{port}", "--linger", "1", "--queue-bytes", "10000"])
+    try:
+        feeder = Feeder(proc, 200_000, burst=5000, pause=0, close=False)
+        feeder.start()
+        time.sleep(1.5)
+        assert feeder.written < 200_000, "producer should be blocked by backpressure"
+        began = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(10) == 3
+        assert time.monotonic() - began < 5
+        err = proc.stderr.read().decode()
+        assert "messages were not handed to ZeroMQ within --linger 1s" in err
+        assert closing_count(err.encode()) <= 1000  # what SNDHWM let into ZeroMQ
+    finally:
+        stop_process(proc)
+
+
 def test_second_sigint_exits_at_once_with_the_count():
     port = free_port()
     proc = start(["-c", f"tcp://127.0.0.1:{port}", "--linger", "60"])
