@@ -39,6 +39,9 @@ DEFAULT_QUEUE_BYTES = 4 << 20
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_READ_BYTES = 256 << 10
 DEFAULT_CONFIRM_TIMEOUT = 2.0
+# aiozmq transport (high, low): the sender spills into it until it passes low, so
+# 0 spills only the message ZeroMQ refused (see Sender).
+DEFAULT_WRITE_LIMITS = (64 << 10, 0)
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 1000
 
@@ -87,7 +90,7 @@ class Config(NamedTuple):
     bind: list
     linger: float
     sndhwm: int
-    write_high: int | None
+    write_high: int
     write_low: int | None
     queue_bytes: int
     max_line_bytes: int
@@ -162,7 +165,9 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
                    help="ZeroMQ send high-water mark in messages per receiver (default "
                    f"{DEFAULT_SNDHWM}; with --batch, {BATCH_ZMQ_BYTES >> 20} MiB of batches)")
     p.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
-                   help="aiozmq transport watermarks in bytes (default 65536,16384)")
+                   help="aiozmq transport watermarks in bytes (default "
+                   f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
+                   "LOW left out: HIGH/4)")
     p.add_argument("--queue-bytes", type=_positive_int, metavar="N",
                    help="bound of the queue between reader and sender, in bytes of "
                    f"encoded JSON (default {DEFAULT_QUEUE_BYTES})")
@@ -278,7 +283,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         connect = [DEFAULT_ENDPOINT]
     if opt["confirm"] and opt["batch"]:
         raise UsageError("--confirm and --batch cannot be combined")
-    high, low = opt["write_buffer_limits"] or (None, None)
+    high, low = opt["write_buffer_limits"] or DEFAULT_WRITE_LIMITS
     batch_bytes = opt["batch_bytes"] or DEFAULT_READ_BYTES
     default_sndhwm = (max(4, BATCH_ZMQ_BYTES // batch_bytes) if opt["batch"]
                       else DEFAULT_SNDHWM)
@@ -365,24 +370,27 @@ class Encoder:
         self._batch = batch
 
     def encode(self, lines: bytes, strip_cr: bool = True, continues: bool = False,
-               read_at: float = 0.0) -> list:
+               read_at: float = 0.0) -> tuple:
         """Encode lines (each ending in b"\\n"; CR before it stripped if strip_cr).
 
-        Returns one message per line, or in batch mode one JSON array.
+        Returns (messages, number of lines): one message per line, or in batch
+        mode one JSON array.
         continues marks a piece of an over-long line that the next message goes on;
         read_at (epoch seconds) is the "@timestamp" when that field is on.
         """
-        if strip_cr:
+        if strip_cr and b"\r" in lines:
             lines = lines.replace(b"\r\n", b"\n")
         tail = self._tail
         if self._timestamp:
             tail += ',"@timestamp":"' + iso8601_utc(read_at) + '"'
         tail = (tail + (',"@continues":true}' if continues else "}")).encode("utf-8")
         between = tail + (b"," if self._batch else _MESSAGE_MARK) + self._head
-        body = escape_utf8_lines(lines)[:-1].replace(b"\n", between)
+        escaped = escape_utf8_lines(lines)[:-1]
+        body = escaped.replace(b"\n", between)
+        count = (len(body) - len(escaped)) // (len(between) - 1) + 1
         if self._batch:
-            return [b"".join((b"[", self._head, body, tail, b"]"))]
-        return b"".join((self._head, body, tail)).split(_MESSAGE_MARK)
+            return [b"".join((b"[", self._head, body, tail, b"]"))], count
+        return b"".join((self._head, body, tail)).split(_MESSAGE_MARK), count
 
 
 # ---------------------------------------------------------------- reading --
@@ -620,13 +628,10 @@ class StdinReader:
             return
         messages, events, ends = [], [], []
         for seg in segments:
-            encoded = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
-                                           self._read_at)
+            encoded, count = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
+                                                  self._read_at)
             messages += encoded
-            if len(encoded) == 1:
-                events.append(seg.lines.count(b"\n"))
-            else:
-                events += [1] * len(encoded)
+            events += [count] if len(encoded) == 1 else [1] * count
             ends += [True] * (len(encoded) - 1) + [not seg.continues]
             self._counters.pieces += seg.continues
         batch = Batch(messages, events, ends, sum(map(len, messages)))
@@ -700,6 +705,10 @@ class Sender:
     so drain() returns exactly when the buffer is empty), then goes back to
     direct sends.  It takes nothing from the queue meanwhile, so what it holds
     is one Batch plus at most the low watermark and one message.
+
+    aiozmq sends its buffer one message per event-loop turn, about ten times
+    the cost of a direct send: hence the default low watermark of 0 (spill only
+    the refused message) and the backend's send, which skips pyzmq's wrapper.
     """
 
     def __init__(self, stream, queue: ByteQueue, counters: Counters):
@@ -709,6 +718,7 @@ class Sender:
         self._stream = stream
         self._transport = stream.transport
         self._sock = stream.transport.get_extra_info("zmq_socket")
+        self._send_frame = zmq.backend.Socket.send.__get__(self._sock)  # bytes only
         self._low, self._high = self._transport.get_write_buffer_limits()
         self._queue = queue
         self._counters = counters
@@ -736,7 +746,7 @@ class Sender:
 
     def _send_directly(self, messages: list, events: list, first: int) -> int:
         """Send from messages[first] on until ZeroMQ would block; returns the next index."""
-        send, flags, sent = self._sock.send, self._dontwait, first
+        send, flags, sent = self._send_frame, self._dontwait, first
         try:
             for message in messages[first:] if first else messages:
                 send(message, flags)
@@ -747,13 +757,16 @@ class Sender:
         return sent
 
     def _spill(self, messages: list, events: list, first: int) -> int:
-        """Write messages into the transport until its buffer passes the low watermark."""
+        """Write messages into the transport until its buffer passes the low
+        watermark, or until one goes straight through (ZeroMQ takes them again)."""
         index = first
-        while index < len(messages) and self._transport.get_write_buffer_size() <= self._low:
+        while index < len(messages):
             self._transport.write([messages[index]])
             self._written_bytes += len(messages[index])
             self._in_transport.append((self._written_bytes, events[index]))
             index += 1
+            if not 0 < self._transport.get_write_buffer_size() <= self._low:
+                break
         return index
 
     async def _flush_transport(self):

@@ -219,7 +219,7 @@ def test_watermark_tool_prints_the_originals_lines_then_zeromq_and_kernel():
     proc = subprocess.run([sys.executable, WATERMARK], capture_output=True, timeout=10)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.decode().splitlines()
-    assert lines[:2] == ["Low watermark: 16384", "High watermark: 65536"]
+    assert lines[:2] == ["Low watermark: 0", "High watermark: 65536"]
     assert lines[2] == "ZeroMQ SNDHWM: 1000 messages"
     assert lines[3].startswith("ZeroMQ SNDBUF: ")
     assert lines[4].startswith("net.ipv4.tcp_wmem: ")
