@@ -70,6 +70,7 @@ def main() -> int:
 
     sock = zmq.Context.instance().socket(zmq.PULL)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)  # queue without bound: parsing never slows the sender
     if args.connect:
         sock.connect(args.connect)
     else:
