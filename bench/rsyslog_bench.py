@@ -4,7 +4,8 @@
 Same load for each, in one run: N messages of S bytes over one TCP connection into
 a private rsyslogd (tests/rsyslog.py), as fast as it takes them; the receiver is
 bench/sink.py (strict JSON validation).  omczmq (Debian's rsyslog-czmq) uses a
-template that produces zmqpush's JSON.  Prints messages/s, the ratio to omczmq, and
+template that produces zmqpush's JSON; omprog runs one zmqpush for all workers
+(forceSingleInstance, as the README recommends).  Prints messages/s, the ratio to omczmq, and
 the CPU-seconds of rsyslogd and of zmqpush.  Median of RUNS alternating runs.
 """
 import argparse
@@ -22,6 +23,8 @@ from rsyslog import PrivateRsyslog, free_port  # noqa: E402
 
 ZMQPUSH = HERE.parent / "zmqpush.py"
 TICK = os.sysconf("SC_CLK_TCK")
+# As the README recommends: one zmqpush for all of rsyslog's queue workers.
+ONE_PROGRAM = 'forceSingleInstance="on"'
 JSON_TEMPLATE = ('template(name="zmqjson" type="string" string="{\\"message\\":\\"'
                  '%msg:::json%\\",\\"type\\":\\"syslog\\",\\"@pid\\":0}")')
 
@@ -35,10 +38,10 @@ def configs(endpoint: str) -> dict:
             f'action(type="omczmq" endpoints=">{endpoint}" socktype="PUSH" template="zmqjson")'),
         "omprog -> zmqpush": (
             'module(load="omprog")',
-            f'action(type="omprog" binary="{ship}" template="msgonly")'),
+            f'action(type="omprog" binary="{ship}" template="msgonly" {ONE_PROGRAM})'),
         "omprog -> zmqpush --batch": (
             'module(load="omprog")',
-            f'action(type="omprog" binary="{ship} --batch" template="msgonly")'),
+            f'action(type="omprog" binary="{ship} --batch" template="msgonly" {ONE_PROGRAM})'),
     }
 
 

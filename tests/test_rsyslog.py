@@ -64,6 +64,25 @@ def test_plain_omprog_ships_20k_messages_with_quotes_tabs_unicode_and_8k_plus(tm
         receiver.stop()
 
 
+def test_force_single_instance_keeps_one_zmqpush_through_a_burst(tmp_path):
+    """The README's recommendation: without it this burst starts a second zmqpush
+    (a second start-up and connection); with it every line goes through one."""
+    receiver = Receiver(free_port())
+    rs = PrivateRsyslog(tmp_path, omprog(binary("app", "-c", receiver.endpoint), tmp_path,
+                                         forceSingleInstance="on"))
+    try:
+        rs.start()
+        messages = [f"burst {i}" for i in range(100_000)]
+        rs.send(messages)
+        assert receiver.wait_for(100_000, 60) == 100_000
+        events = receiver.events()
+        assert len({e["@pid"] for e in events}) == 1
+        assert sorted(e["message"] for e in events) == sorted(messages)
+    finally:
+        rs.stop()
+        receiver.stop()
+
+
 def test_legacy_directive_without_arguments_uses_syslog_and_environment(tmp_path):
     receiver = Receiver(free_port())
     wrapper = tmp_path / "zmqpush-wrapper"
