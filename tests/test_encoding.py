@@ -80,3 +80,15 @@ def test_continuation_pieces_are_marked_in_json():
     encoder = zmqpush.Encoder("t", 1, batch=False)
     (msg,), _ = encoder.encode(b"abc\r\n", strip_cr=False, continues=True)
     assert json.loads(msg) == {"message": "abc\r", "type": "t", "@pid": 1, "@continues": True}
+
+
+# UTF-8 fragments of every width, whole and cut short, stray bytes, and newlines.
+utf8_parts = st.sampled_from([b"a", b"\n", b"\xc3\xa9", b"\xe6\x97\xa5", b"\xf0\x9f\x98\x80",
+                              b"\xc3", b"\xe6\x97", b"\xf0\x9f\x98", b"\x80", b"\xbf",
+                              b"\xff", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(utf8_parts, max_size=40).map(b"".join) | st.binary(max_size=80))
+def test_utf8_repair_equals_a_decode_with_replacement(data):
+    assert zmqpush.valid_utf8(data) == data.decode("utf-8", "replace").encode()
