@@ -4,9 +4,11 @@
 Same load for each, in one run: N messages of S bytes over one TCP connection into
 a private rsyslogd (tests/rsyslog.py), as fast as it takes them; the receiver is
 bench/sink.py (strict JSON validation).  omczmq (Debian's rsyslog-czmq) uses a
-template that produces zmqpush's JSON; omprog runs one zmqpush for all workers
-(forceSingleInstance, as the README recommends).  Prints messages/s, the ratio to omczmq, and
-the CPU-seconds of rsyslogd and of zmqpush.  Median of RUNS alternating runs.
+template that produces zmqpush's JSON.  omprog runs one zmqpush for all workers
+(forceSingleInstance, as the README recommends), except in the last mode, which
+shows what omprog's default (one zmqpush per queue worker) costs.  Prints
+messages/s, the ratio to omczmq, and the CPU-seconds of rsyslogd and of zmqpush.
+Median of RUNS alternating runs.
 """
 import argparse
 import os
@@ -42,6 +44,9 @@ def configs(endpoint: str) -> dict:
         "omprog -> zmqpush --batch": (
             'module(load="omprog")',
             f'action(type="omprog" binary="{ship} --batch" template="msgonly" {ONE_PROGRAM})'),
+        "omprog -> zmqpush --batch, one per worker": (
+            'module(load="omprog")',
+            f'action(type="omprog" binary="{ship} --batch" template="msgonly")'),
     }
 
 
