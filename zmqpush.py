@@ -728,7 +728,8 @@ class Sender:
 
     Messages go straight to the socket with DONTWAIT.  When ZeroMQ would block,
     the sender spills messages into the aiozmq transport's buffer until that
-    buffer passes its low watermark, then awaits drain() until aiozmq has sent
+    buffer passes its low watermark (or a message goes straight through
+    again), then awaits drain() until aiozmq has sent
     all of the spill (the transport's limits are lowered to zero for that wait,
     so drain() returns exactly when the buffer is empty), then goes back to
     direct sends.  It takes nothing from the queue meanwhile, so what it holds

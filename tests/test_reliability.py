@@ -1,11 +1,14 @@
 """Issue 3: outages, signals, hostile input: nothing accepted is lost, memory stays bounded."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 from conftest import SINK, Receiver, closing_count, free_port, start, stop_process, vm_peak_rss_kib
 
@@ -41,11 +44,13 @@ def numbers(frames) -> list:
     return [int(json.loads(f)["message"]) for f in frames]
 
 
-def test_receiver_paused_3s_mid_stream_loses_nothing():
+@pytest.mark.parametrize("spill", [[], ["--write-buffer-limits", "65536,16384"]],
+                         ids=["spill-one", "spill-16k"])
+def test_receiver_paused_3s_mid_stream_loses_nothing(spill):
     port = free_port()
     sink = subprocess.Popen([sys.executable, SINK, "--bind", f"tcp://127.0.0.1:{port}",
                              "--idle", "3"], stdout=subprocess.PIPE)
-    proc = start(["-c", f"tcp://127.0.0.1:{port}"])
+    proc = start(["-c", f"tcp://127.0.0.1:{port}", "--stats", "0.5", *spill])
     try:
         feeder = Feeder(proc, 50_000)
         feeder.start()
@@ -59,6 +64,8 @@ def test_receiver_paused_3s_mid_stream_loses_nothing():
         out = sink.communicate(timeout=30)[0].decode().splitlines()
         assert [int(m.strip('"')) for m in out[:-1]] == list(range(50_000))
         assert out[-1].startswith("received 50000 events (0 invalid)")
+        waits = re.findall(r"drain_waits=(\d+)", proc.stderr.read().decode())
+        assert int(waits[-1]) > 0, "the pause never made the sender spill and drain"
     finally:
         stop_process(proc)
         stop_process(sink)
