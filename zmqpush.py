@@ -728,12 +728,12 @@ class Sender:
 
     Messages go straight to the socket with DONTWAIT.  When ZeroMQ would block,
     the sender spills messages into the aiozmq transport's buffer until that
-    buffer passes its low watermark (or a message goes straight through
-    again), then awaits drain() until aiozmq has sent
-    all of the spill (the transport's limits are lowered to zero for that wait,
-    so drain() returns exactly when the buffer is empty), then goes back to
-    direct sends.  It takes nothing from the queue meanwhile, so what it holds
-    is one Batch plus at most the low watermark and one message.
+    buffer passes its low watermark (or a message goes straight through again),
+    then awaits drain() until aiozmq has sent all of the spill (the transport's
+    limits are lowered to zero for that wait, so drain() returns exactly when
+    the buffer is empty), then goes back to direct sends.  It takes nothing
+    from the queue meanwhile, so what it holds is one Batch plus at most the
+    low watermark and one message.
 
     aiozmq sends its buffer one message per event-loop turn, about ten times
     the cost of a direct send: hence the default low watermark of 0 (spill only
