@@ -413,9 +413,10 @@ class Encoder:
             tail += ',"@timestamp":"' + iso8601_utc(read_at) + '"'
         tail = (tail + (',"@continues":true}' if continues else "}")).encode("utf-8")
         between = tail + (b"," if self._batch else _MESSAGE_MARK) + self._head
-        escaped = escape_utf8_lines(lines)[:-1]
+        escaped = escape_utf8_lines(lines)
         body = escaped.replace(b"\n", between)
-        count = (len(body) - len(escaped)) // (len(between) - 1) + 1
+        count = (len(body) - len(escaped)) // (len(between) - 1)
+        body = memoryview(body)[:-len(between)]  # the last line's own tail comes next
         if self._batch:
             return [b"".join((b"[", self._head, body, tail, b"]"))], count
         return b"".join((self._head, body, tail)).split(_MESSAGE_MARK), count
@@ -450,10 +451,10 @@ class LineFramer:
         if newline < 0:
             self._pending += data
             return self._split_pending()
-        complete = data[: newline + 1]
-        if self._pending:
-            complete = bytes(self._pending) + complete
-        self._pending = bytearray(data[newline + 1:])
+        view = memoryview(data)
+        complete = (b"".join((self._pending, view[: newline + 1])) if self._pending
+                    else data[: newline + 1])
+        self._pending = bytearray(view[newline + 1:])
         return self._segments(complete) + self._split_pending()
 
     def finish(self) -> list:
