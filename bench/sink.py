@@ -44,16 +44,19 @@ def events_of_frames(frames: list):
     return events, 0
 
 
-def drain(sock, most: int = 10_000):
-    """Frames that are ready now, without waiting (at most `most` frames).
+def drain(sock, most: int = 10_000, most_bytes: int = 4 << 20):
+    """Frames that are ready now, without waiting: at most `most` of them and
+    about `most_bytes` (one parse of a huge join would cost more than many).
 
     Every frame is its own event source, as in Logstash's zeromq input, so
     frames are taken one by one (recv_multipart costs five times as much)."""
     frames = []
-    append, recv = frames.append, sock.recv
+    append, recv, size = frames.append, sock.recv, 0
     try:
-        for _ in range(most):
-            append(recv(zmq.NOBLOCK))
+        while len(frames) < most and size < most_bytes:
+            frame = recv(zmq.NOBLOCK)
+            append(frame)
+            size += len(frame)
     except zmq.Again:
         pass
     return frames
