@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import ROOT, WATERMARK, Receiver, closing_count, free_port, run, start, stop_process
 
 
@@ -272,3 +274,28 @@ def test_runs_on_the_default_asyncio_loop_when_uvloop_is_missing(receiver):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.decode().splitlines()[0].startswith("Processed 1 messages")
     assert receiver.wait_for(1) == 1
+
+
+def main_thread_switches(pid: int) -> int:
+    """Voluntary plus involuntary context switches of a process's main thread."""
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
+        return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+
+
+@pytest.mark.parametrize("mode", [[], ["--batch"], ["--confirm"]],
+                         ids=["default", "batch", "confirm"])
+def test_idle_with_stdin_open_the_main_thread_never_wakes(receiver, mode):
+    """No timer, no poll timeout: stdin open and silent means no wake-up at all."""
+    proc = start(["-c", receiver.endpoint, *mode])
+    try:
+        proc.stdin.write(b"one line, then silence\n")
+        proc.stdin.flush()
+        assert receiver.wait_for(1, 10) == 1
+        time.sleep(1.0)  # connection events and the first delivery settle
+        before = main_thread_switches(proc.pid)
+        time.sleep(3.0)
+        assert main_thread_switches(proc.pid) == before
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+    finally:
+        stop_process(proc)
