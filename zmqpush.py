@@ -124,7 +124,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def _terminal_columns() -> int:
     """$COLUMNS, else stdout's terminal width, else 80 (as shutil would say)."""
     try:
-        return int(os.environ["COLUMNS"])
+        if int(os.environ["COLUMNS"]) > 0:
+            return int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
         pass
     try:
