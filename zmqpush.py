@@ -124,10 +124,11 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def _terminal_columns() -> int:
     """$COLUMNS, else stdout's terminal width, else 80 (as shutil would say)."""
     try:
-        if int(os.environ["COLUMNS"]) > 0:
-            return int(os.environ["COLUMNS"])
+        columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
-        pass
+        columns = 0
+    if columns > 0:
+        return columns
     try:
         return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
     except (AttributeError, ValueError, OSError):
