@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import collections
 import errno
+import itertools
 import json
 import json.encoder
 import os
@@ -44,6 +45,20 @@ DEFAULT_CONFIRM_TIMEOUT = 2.0
 DEFAULT_WRITE_LIMITS = (64 << 10, 0)
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 1000
+# Replay (README "Outages"): the window must cover what a stock receiver and the
+# kernels may hold when it goes away: its RCVHWM (libzmq's default, 1000
+# messages), its kernel's receive buffer (Linux's default tcp_rmem maximum),
+# our kernel's send buffer (SNDBUF, set) and our own ZeroMQ queue.
+DEFAULT_REPLAY_BYTES = 16 << 20
+STOCK_RCVHWM = 1000
+RECEIVER_KERNEL_BYTES = 6 << 20
+REPLAY_SNDBUF = 1 << 20
+# --batch with replay: ZeroMQ's queue holds this many bytes of arrays.
+REPLAY_BATCH_ZMQ_BYTES = 1 << 20
+# A sender idle this long has let receivers take what was in flight.
+REPLAY_QUIET = 1.0
+# Default mode: SNDHWM is lowered for large messages so ZeroMQ holds about this much.
+PIPE_BYTES = 4 << 20
 
 # ---------------------------------------------------------------- options --
 # Owns the command line, its ZMQPUSH_* environment twins and their validation.
@@ -106,6 +121,9 @@ class Config(NamedTuple):
     stats: float | None
     stats_format: str
     progress: bool
+    replay_bytes: int
+    event_ids: bool
+    array_bytes: int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -142,6 +160,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _natural_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not value >= 0 or value == float("inf"):
@@ -160,6 +185,7 @@ def _buffer_limits(text: str) -> tuple:
 
 
 _positive_int.__name__ = "positive integer"
+_natural_int.__name__ = "integer >= 0"
 _seconds.__name__ = "number of seconds"
 _buffer_limits.__name__ = "HIGH[,LOW] with HIGH >= LOW >= 0"
 
@@ -202,6 +228,13 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
                    help=f"read size, and so batch size cap (default {DEFAULT_READ_BYTES})")
     p.add_argument("--when-full", choices=("block", "drop"),
                    help="queue full: block the producer (default) or drop and count")
+    p.add_argument("--replay-bytes", type=_natural_int, metavar="N",
+                   help="replay window: after a receiver goes away, send again what "
+                   "may have been in flight to it, up to N bytes of the newest "
+                   f"messages (default {DEFAULT_REPLAY_BYTES}; 0: off, at most once)")
+    p.add_argument("--event-id", action="store_true", default=None,
+                   help='add "@metadata":{"_id":"RUN-SEQ"} to each event, the same in '
+                   "a replayed copy (Logstash: document_id => \"%%{[@metadata][_id]}\")")
     p.add_argument("--heartbeat", type=_seconds, metavar="SECONDS",
                    help="ZeroMQ heartbeat interval; a peer silent for 3 intervals "
                    "is dropped and reconnected (default off)")
@@ -307,7 +340,11 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         raise UsageError("--confirm and --batch cannot be combined")
     high, low = opt["write_buffer_limits"] or DEFAULT_WRITE_LIMITS
     batch_bytes = opt["batch_bytes"] or DEFAULT_READ_BYTES
-    default_sndhwm = (max(4, BATCH_ZMQ_BYTES // batch_bytes) if opt["batch"]
+    replay_bytes = (DEFAULT_REPLAY_BYTES if opt["replay_bytes"] is None
+                    else opt["replay_bytes"])
+    array_bytes = min(batch_bytes, replayable_array_bytes(replay_bytes))
+    zmq_bytes = REPLAY_BATCH_ZMQ_BYTES if replay_bytes else BATCH_ZMQ_BYTES
+    default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
                       else DEFAULT_SNDHWM)
     return Config(
         logtype=opt["logtype"] if opt["logtype"] is not None else "syslog",
@@ -330,7 +367,20 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         stats=opt["stats"] or None,
         stats_format=opt["stats_format"] or "text",
         progress=bool(opt["progress"]),
+        replay_bytes=replay_bytes,
+        event_ids=bool(opt["event_id"]),
+        array_bytes=array_bytes,
     )
+
+
+def replayable_array_bytes(replay_bytes: int) -> int:
+    """--batch: the largest array message such that a replay window of
+    replay_bytes covers a stock receiver's RCVHWM of them plus the kernels'
+    buffers and our ZeroMQ queue (no cap when replay is off; 4 KiB at least)."""
+    if not replay_bytes:
+        return 1 << 62
+    room = replay_bytes - RECEIVER_KERNEL_BYTES - REPLAY_SNDBUF - REPLAY_BATCH_ZMQ_BYTES
+    return max(4096, room // STOCK_RCVHWM)
 
 
 # --------------------------------------------------------------- encoding --
@@ -388,23 +438,29 @@ class Encoder:
     Contract: for any bytes, every message is valid RFC 8259 JSON whose
     "message" is the line decoded as UTF-8 with U+FFFD for invalid bytes,
     followed by "type" and "@pid" in that order (and the extra fields).
-    Work is per chunk, on bytes: a few C passes, none per line.
+    Work is per chunk, on bytes: a few C passes, none per line, except with
+    event ids, which cost one formatting per line.  In batch mode no array
+    message is longer than array_bytes unless it holds a single event.
     """
 
     def __init__(self, logtype: str, pid: int, batch: bool, fields: tuple = (),
-                 timestamp: bool = False):
+                 timestamp: bool = False, *, run_id: str | None = None,
+                 array_bytes: int = DEFAULT_READ_BYTES):
         self._head = b'{"message":"'
         self._tail = ('","type":' + _escape(logtype) + ',"@pid":' + str(pid)
                       + "".join("," + _escape(k) + ":" + _escape(v) for k, v in fields))
         self._timestamp = timestamp
         self._batch = batch
+        self._array_bytes = array_bytes
+        self._run_id = run_id
+        self._sequence = 0
 
     def encode(self, lines: bytes, strip_cr: bool = True, continues: bool = False,
                read_at: float = 0.0) -> tuple:
         """Encode lines (each ending in b"\\n"; CR before it stripped if strip_cr).
 
-        Returns (messages, number of lines): one message per line, or in batch
-        mode one JSON array.
+        Returns (messages, events): one message per line, or in batch mode JSON
+        arrays; events[i] is the number of lines messages[i] carries.
         continues marks a piece of an over-long line that the next message goes on;
         read_at (epoch seconds) is the "@timestamp" when that field is on.
         """
@@ -413,15 +469,63 @@ class Encoder:
         tail = self._tail
         if self._timestamp:
             tail += ',"@timestamp":"' + iso8601_utc(read_at) + '"'
-        tail = (tail + (',"@continues":true}' if continues else "}")).encode("utf-8")
-        between = tail + (b"," if self._batch else _MESSAGE_MARK) + self._head
+        if continues:
+            tail += ',"@continues":true'
         escaped = escape_utf8_lines(lines)
+        if self._run_id is not None:
+            return self._encode_with_ids(escaped, tail.encode("utf-8"))
+        tail = (tail + "}").encode("utf-8")
+        between = tail + (b"," if self._batch else _MESSAGE_MARK) + self._head
         body = escaped.replace(b"\n", between)
         count = (len(body) - len(escaped)) // (len(between) - 1)
-        body = memoryview(body)[:-len(between)]  # the last line's own tail comes next
+        end = len(body) - len(between)  # the last line's own tail comes next
         if self._batch:
-            return [b"".join((b"[", self._head, body, tail, b"]"))], count
-        return b"".join((self._head, body, tail)).split(_MESSAGE_MARK), count
+            return self._arrays(body, end, between, tail)
+        messages = b"".join((self._head, memoryview(body)[:end], tail)).split(_MESSAGE_MARK)
+        return messages, [1] * count
+
+    def _arrays(self, body: bytes, end: int, between: bytes, tail: bytes) -> tuple:
+        """body[:end] (events joined by between) as arrays of at most array_bytes,
+        cut where between stands: a raw '"' never occurs inside an escaped line."""
+        view, most = memoryview(body), self._array_bytes - len(self._head) - len(tail) - 2
+        messages, events, start = [], [], 0
+        while True:
+            cut = end
+            if end - start > most:
+                cut = body.rfind(between, start, start + most + len(between))
+                if cut < 0:
+                    cut = body.find(between, start, end)
+                    cut = end if cut < 0 else cut
+            messages.append(b"".join((b"[", self._head, view[start:cut], tail, b"]")))
+            events.append(body.count(between, start, cut) + 1)
+            if cut == end:
+                return messages, events
+            start = cut + len(between)
+
+    def _encode_with_ids(self, escaped: bytes, tail: bytes) -> tuple:
+        """One event per escaped line, each with "@metadata":{"_id":"RUN-SEQUENCE"}."""
+        form = (self._head + b"%s" + tail.replace(b"%", b"%%") + b',"@metadata":{"_id":"'
+                + self._run_id.encode() + b'-%d"}}')
+        first = self._sequence
+        events = [form % pair for pair in zip(escaped.split(b"\n")[:-1], itertools.count(first))]
+        self._sequence += len(events)
+        if not self._batch:
+            return events, [1] * len(events)
+        return self._group(events)
+
+    def _group(self, events: list) -> tuple:
+        """Events as arrays of at most array_bytes (a larger event alone)."""
+        messages, counts, run, size = [], [], [], 2
+        for event in events:
+            if run and size + len(event) + 1 > self._array_bytes:
+                messages.append(b"[" + b",".join(run) + b"]")
+                counts.append(len(run))
+                run, size = [], 2
+            run.append(event)
+            size += len(event) + 1
+        messages.append(b"[" + b",".join(run) + b"]")
+        counts.append(len(run))
+        return messages, counts
 
 
 # ---------------------------------------------------------------- reading --
@@ -517,19 +621,35 @@ class LineFramer:
 
 
 class Batch(NamedTuple):
-    """What the reader hands the sender: encoded messages of one read."""
+    """What the reader hands the sender: encoded messages of one read.
+
+    nbytes is what the Batch costs in memory: its messages' lengths plus
+    MESSAGE_OVERHEAD each, so that many tiny messages count for what they hold.
+    A replayed Batch is one sent again after a receiver went away."""
 
     messages: list
     events: list  # events carried by each message (1, or lines in a batch array)
     ends_line: list  # False for a piece that the next message continues
     nbytes: int
+    replayed: bool = False
+
+
+# Bytes a queued message costs beyond its length: the bytes object's header,
+# its slots in the Batch's three lists, and the allocator's rounding.
+MESSAGE_OVERHEAD = 80
+
+
+def batch_of(messages: list, events: list, ends_line: list, replayed: bool = False) -> Batch:
+    """A Batch of these messages, with its memory cost."""
+    nbytes = sum(map(len, messages)) + MESSAGE_OVERHEAD * len(messages)
+    return Batch(messages, events, ends_line, nbytes, replayed)
 
 
 class ByteQueue(asyncio.Queue):
     """asyncio.Queue bounded by the total nbytes of its Batches, not their count.
 
     put() waits while the queue holds maxsize bytes or more, so it holds at
-    most maxsize bytes plus one Batch.
+    most maxsize bytes plus one Batch, plus what put_first() adds past the bound.
     """
 
     def _init(self, maxsize):
@@ -544,6 +664,13 @@ class ByteQueue(asyncio.Queue):
         item = super()._get()
         self.nbytes -= item.nbytes
         return item
+
+    def put_first(self, item):
+        """Put item at the head of the queue at once, past the bound (a replay
+        is already held in memory, and waiting for room could deadlock)."""
+        self._queue.appendleft(item)
+        self.nbytes += item.nbytes
+        self._wakeup_next(self._getters)
 
     def full(self) -> bool:
         return self.nbytes >= self.maxsize
@@ -658,14 +785,14 @@ class StdinReader:
         if not segments:
             return
         messages, events, ends = [], [], []
-        for seg in segments:
-            encoded, count = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
-                                                  self._read_at)
+        for seg in bounded_segments(segments, ENCODE_LINES):
+            encoded, counts = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
+                                                   self._read_at)
             messages += encoded
-            events += [count] if len(encoded) == 1 else [1] * count
+            events += counts
             ends += [True] * (len(encoded) - 1) + [not seg.continues]
             self._counters.pieces += seg.continues
-        batch = Batch(messages, events, ends, sum(map(len, messages)))
+        batch = batch_of(messages, events, ends)
         nevents = sum(events)
         self._counters.events_read += nevents
         if self._drop and self._queue.full():
@@ -673,6 +800,34 @@ class StdinReader:
             return
         await self._queue.put(batch)
         await asyncio.sleep(0)
+
+
+# Lines encoded in one go at most: a read of empty lines would otherwise
+# become a quarter of a million messages at once.
+ENCODE_LINES = 4096
+
+
+def bounded_segments(segments: list, most: int) -> list:
+    """segments, with every run of complete lines longer than `most` lines cut
+    at line ends into runs of at most about `most` lines (a cut never falls
+    inside a line; pieces of one over-long line pass as they are)."""
+    out = []
+    for seg in segments:
+        lines = seg.lines
+        if len(lines) <= most or not seg.strip_cr or lines.count(b"\n") <= most:
+            out.append(seg)
+            continue
+        start, step = 0, max(1, len(lines) * most // lines.count(b"\n"))
+        while start < len(lines):
+            end = lines.rfind(b"\n", start, start + step) + 1
+            if end <= start:
+                end = lines.index(b"\n", start) + 1
+            elif lines.count(b"\n", start, end) > most:
+                step = max(1, step // 2)
+                continue
+            out.append(Segment(lines[start:end]))
+            start = end
+    return out
 
 
 # ---------------------------------------------------------------- sending --
@@ -700,34 +855,71 @@ def configure_socket(sock, config: Config):
     sock.setsockopt(zmq.IMMEDIATE, 1 if config.confirm else 0)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+    if config.replay_bytes:
+        sock.setsockopt(zmq.SNDBUF, REPLAY_SNDBUF)
     if config.heartbeat:
         ivl = max(1, int(config.heartbeat * 1000))
         sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
 
 
-async def open_stream(config: Config):
-    """A connected (or bound) aiozmq PUSH stream.  OSError from ZeroMQ on a bad
-    or unusable endpoint; the socket is closed then."""
+async def open_stream(config: Config, on_socket=None):
+    """A connected (or bound) aiozmq PUSH stream.  on_socket(sock), if given, is
+    called before any endpoint is used (a monitor then misses no event) and
+    returns what must be closed before the socket.
+    OSError from ZeroMQ on a bad or unusable endpoint; the socket is closed then."""
     import zmq
     aiozmq = import_aiozmq()
     context = zmq.Context()
     sock = context.socket(zmq.PUSH)
     configure_socket(sock, config)
+    watcher = on_socket(sock) if on_socket is not None else None
     try:
         stream = await aiozmq.create_zmq_stream(
             zmq.PUSH, zmq_sock=sock, bind=config.bind or None,
             connect=config.connect or None,
             high_write=config.write_high, low_write=config.write_low)
     except OSError:
+        if watcher is not None:
+            watcher.close()
         sock.close(linger=0)
         context.term()
         raise
     return stream, context
 
 
+class ReplayWindow:
+    """The Batches handed to ZeroMQ most recently, kept by reference (no copy):
+    what may still be in flight to a receiver, and so what is sent again when
+    one goes away.  It keeps the newest Batches whose nbytes add up to at least
+    `limit` (so it may exceed it by one Batch), dropping the oldest; limit 0
+    keeps nothing (at-most-once, the original's behaviour)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.nbytes = 0
+        self._batches: collections.deque = collections.deque()
+
+    def add(self, batch: Batch):
+        if not self.limit:
+            return
+        self._batches.append(batch)
+        self.nbytes += batch.nbytes
+        while self.nbytes - self._batches[0].nbytes >= self.limit:
+            self.nbytes -= self._batches.popleft().nbytes
+
+    def take(self) -> list:
+        """Every Batch held, oldest first; the window is empty afterwards."""
+        batches, self._batches, self.nbytes = list(self._batches), collections.deque(), 0
+        return batches
+
+    def clear(self):
+        self.take()
+
+
 class Sender:
-    """Takes Batches from the queue and hands their messages to ZeroMQ, in order.
+    """Takes Batches from the queue and hands their messages to ZeroMQ, in order,
+    keeping each handed Batch in a ReplayWindow.
 
     Messages go straight to the socket with DONTWAIT.  When ZeroMQ would block,
     the sender spills messages into the aiozmq transport's buffer until that
@@ -741,12 +933,17 @@ class Sender:
     aiozmq sends its buffer one message per event-loop turn, about ten times
     the cost of a direct send: hence the default low watermark of 0 (spill only
     the refused message) and the backend's send, which skips pyzmq's wrapper.
+
+    ZeroMQ's own queue counts messages, not bytes: for a Batch with large
+    messages SNDHWM is lowered (never above --sndhwm) so that the queue holds
+    about PIPE_BYTES of them (in batch mode arrays are capped instead).
     """
 
-    def __init__(self, stream, queue: ByteQueue, counters: Counters):
+    def __init__(self, stream, queue: ByteQueue, counters: Counters, config: Config):
         import zmq
         self._again = zmq.Again
         self._dontwait = zmq.DONTWAIT
+        self._sndhwm_option = zmq.SNDHWM
         self._stream = stream
         self._transport = stream.transport
         self._sock = stream.transport.get_extra_info("zmq_socket")
@@ -754,29 +951,74 @@ class Sender:
         self._low, self._high = self._transport.get_write_buffer_limits()
         self._queue = queue
         self._counters = counters
-        # (bytes written to the transport so far, events in that message)
+        self._sndhwm = self._most_sndhwm = config.sndhwm
+        self._fit_pipe = not config.batch
+        self.window = ReplayWindow(config.replay_bytes)
+        self._loop = asyncio.get_running_loop()
+        self._idle_since: float | None = None
+        self._current: Batch | None = None
+        self._handed = 0  # messages of _current handed to ZeroMQ so far
+        # (bytes written to the transport so far, events in that message, replayed)
         self._in_transport: collections.deque = collections.deque()
         self._written_bytes = 0
 
     async def run(self):
-        """Send Batches until END, then until the transport buffer is empty."""
+        """Send Batches until END, then until the queue (replays) and the
+        transport buffer are empty."""
         while True:
-            batch = await self._queue.get()
+            batch = await self.next_batch()
             if batch is END:
                 break
-            await self._send(batch.messages, batch.events)
+            await self.send(batch)
+        while not self._queue.empty():
+            await self.send(self._queue.get_nowait())
         await self._flush_transport()
 
-    async def _send(self, messages: list, events: list):
-        """Hand all messages over in order; waits while ZeroMQ would block."""
-        sent = 0
-        while sent < len(messages):
-            sent = self._send_directly(messages, events, sent)
-            if sent < len(messages):
-                sent = self._spill(messages, events, sent)
-                await self._flush_transport()
+    async def next_batch(self):
+        """The next Batch (or END) from the queue.  While it waits on an empty
+        queue with nothing in the transport the sender is idle: once idle for
+        REPLAY_QUIET seconds, receivers have had time to take what was in
+        flight, so the window is emptied."""
+        if self._queue.empty() and not self.buffered_bytes():
+            self._idle_since = self._loop.time()
+        try:
+            return await self._queue.get()
+        finally:
+            if self._quiet():
+                self.window.clear()
+            self._idle_since = None
 
-    def _send_directly(self, messages: list, events: list, first: int) -> int:
+    def _quiet(self) -> bool:
+        return (self._idle_since is not None
+                and self._loop.time() - self._idle_since >= REPLAY_QUIET)
+
+    async def send(self, batch: Batch):
+        """Hand all of batch's messages over in order (waits while ZeroMQ would
+        block), then keep batch in the replay window."""
+        self._current, self._handed = batch, 0
+        if self._fit_pipe:
+            self._fit_sndhwm(batch.messages)
+        messages, events = batch.messages, batch.events
+        while self._handed < len(messages):
+            sent = self._send_directly(messages, events, self._handed, batch.replayed)
+            self._handed = sent
+            if sent < len(messages):
+                spilled = self._spill(messages, events, sent, batch.replayed)
+                await self._flush_transport()
+                self._handed = spilled
+        self._current = None
+        self.window.add(batch)
+
+    def _fit_sndhwm(self, messages: list):
+        """SNDHWM such that ZeroMQ holds about PIPE_BYTES of messages this large."""
+        largest = max(map(len, messages), default=1)
+        want = max(1, min(self._most_sndhwm, PIPE_BYTES // max(1, largest)))
+        if want != self._sndhwm:
+            self._sock.setsockopt(self._sndhwm_option, want)
+            self._sndhwm = want
+
+    def _send_directly(self, messages: list, events: list, first: int,
+                       replayed: bool = False) -> int:
         """Send from messages[first] on until ZeroMQ would block; returns the next index."""
         send, flags, sent = self._send_frame, self._dontwait, first
         try:
@@ -785,17 +1027,23 @@ class Sender:
                 sent += 1
         except self._again:
             pass
-        self._counters.events_handed += sum(events[first:sent])
+        self._count_handed(sum(events[first:sent]), replayed)
         return sent
 
-    def _spill(self, messages: list, events: list, first: int) -> int:
+    def _count_handed(self, events: int, replayed: bool):
+        if replayed:
+            self._counters.events_replayed += events
+        else:
+            self._counters.events_handed += events
+
+    def _spill(self, messages: list, events: list, first: int, replayed: bool = False) -> int:
         """Write messages into the transport until its buffer passes the low
         watermark, or until one goes straight through (ZeroMQ takes them again)."""
         index = first
         while index < len(messages):
             self._transport.write([messages[index]])
             self._written_bytes += len(messages[index])
-            self._in_transport.append((self._written_bytes, events[index]))
+            self._in_transport.append((self._written_bytes, events[index], replayed))
             index += 1
             if not 0 < self._transport.get_write_buffer_size() <= self._low:
                 break
@@ -816,7 +1064,45 @@ class Sender:
         """Count events that left the transport buffer for ZeroMQ."""
         sent_bytes = self._written_bytes - self._transport.get_write_buffer_size()
         while self._in_transport and self._in_transport[0][0] <= sent_bytes:
-            self._counters.events_handed += self._in_transport.popleft()[1]
+            _, events, replayed = self._in_transport.popleft()
+            self._count_handed(events, replayed)
+
+    def replay_in_flight(self) -> int:
+        """A receiver went away: put what may have been in flight to it (the
+        window, and what was handed of the Batch being sent) at the head of the
+        queue, to be sent again.  Nothing when the sender was quiet (see
+        next_batch).  Returns the events requeued."""
+        if self._quiet() or not self.window.limit:
+            self.window.clear()
+            return 0
+        batches = self.window.take()
+        if self._current is not None and self._handed:
+            batches.append(self._current._replace(
+                messages=self._current.messages[:self._handed],
+                events=self._current.events[:self._handed],
+                ends_line=self._current.ends_line[:self._handed]))
+        if not batches:
+            return 0
+        replay = batch_of([m for b in batches for m in b.messages],
+                          [e for b in batches for e in b.events],
+                          [True for b in batches for _ in b.messages], replayed=True)
+        self._queue.put_first(replay)
+        return sum(replay.events)
+
+    def spill_replay(self, batch: Batch):
+        """--confirm: write a replayed Batch into the transport at once, without
+        waiting (rsyslog's lines must get replies meanwhile).  aiozmq sends it
+        as ZeroMQ takes it; until then new lines wait --confirm-timeout and are
+        refused, as after any timeout, so memory stays bounded."""
+        self._spill_all(batch.messages, batch.events)
+        self.window.add(batch)
+
+    def _spill_all(self, messages: list, events: list):
+        for message, nevents in zip(messages, events):
+            self._transport.write([message])
+            self._written_bytes += len(message)
+            self._in_transport.append((self._written_bytes, nevents, True))
+        self._settle()
 
     async def send_confirmed(self, batch: Batch, timeout: float, on_line) -> None:
         """--confirm: hand over each message, waiting at most timeout for ZeroMQ
@@ -824,13 +1110,16 @@ class Sender:
 
         A message that timed out stays in the transport (so it may still go out,
         and its retry by rsyslog make a duplicate); while it is there, new
-        messages are refused without being kept, so memory stays bounded."""
+        messages are refused without being kept, so memory stays bounded.
+        Accepted messages are kept in the replay window."""
         line_ok = True
         for message, nevents, ends in zip(batch.messages, batch.events, batch.ends_line):
             accepted = await self._flushed_within(timeout)
             if accepted and not self._send_directly([message], [nevents], 0):
                 self._spill([message], [nevents], 0)
                 accepted = await self._flushed_within(timeout)
+            if accepted:
+                self.window.add(batch_of([message], [nevents], [ends]))
             line_ok = line_ok and accepted
             if ends:
                 on_line(line_ok)
@@ -847,10 +1136,64 @@ class Sender:
     def buffered_bytes(self) -> int:
         return self._transport.get_write_buffer_size()
 
-    @property
-    def socket(self):
-        """The PUSH socket (the reporter monitors it)."""
-        return self._sock
+
+class Connections:
+    """Which receivers are connected, from a ZeroMQ socket monitor on the PUSH
+    socket, watched by the loop (no timer: with no receiver it never wakes).
+
+    Counts receivers connected now and disconnects in counters; calls
+    on_event(what, endpoint) for each event worth saying, and on_lost(endpoint)
+    when a receiver that had completed its handshake goes away.  (aiozmq's own
+    monitor misses events over inproc with this loop and can block at close.)
+    Only the two events used are asked for, so libzmq never has to send a
+    "monitor stopped" event at the end, and reconnect attempts stay silent."""
+
+    def __init__(self, sock, counters: Counters, on_event, on_lost):
+        import zmq
+        self._zmq = zmq
+        self._sock = sock
+        self._counters = counters
+        self._on_event = on_event
+        self._on_lost = on_lost
+        self._up: collections.Counter = collections.Counter()
+        self._monitor = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._fd = self._monitor.getsockopt(zmq.FD)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._fd, self._read_events)
+        self._loop.call_soon(self._read_events)
+
+    def close(self):
+        """Handle what is left, then stop the monitor (before the socket closes)."""
+        if self._monitor is None:
+            return
+        self._loop.remove_reader(self._fd)
+        self._read_events()
+        if not self._sock.closed:
+            self._sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self._monitor = None
+
+    def _read_events(self):
+        """Handle every monitor event ready now (ZeroMQ's FD signals edges only)."""
+        zmq = self._zmq
+        while self._monitor is not None and \
+                self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            head, endpoint = self._monitor.recv_multipart(zmq.NOBLOCK)
+            event = int.from_bytes(head[:2], sys.byteorder)  # then a 32-bit value
+            self._on_monitor_event(event, endpoint.decode(errors="replace"))
+
+    def _on_monitor_event(self, event: int, endpoint: str):
+        if event == self._zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._up[endpoint] += 1
+            self._counters.connected += 1
+            self._on_event("connected", endpoint)
+        elif event == self._zmq.EVENT_DISCONNECTED and self._up[endpoint] > 0:
+            self._up[endpoint] -= 1
+            self._counters.connected -= 1
+            self._counters.disconnects += 1
+            self._on_event("disconnected", endpoint)
+            self._on_lost(endpoint)
 
 
 # -------------------------------------------------------------- lifecycle --
@@ -868,6 +1211,8 @@ class Counters:
         self.pieces = 0
         self.drain_waits = 0
         self.connected = 0
+        self.disconnects = 0
+        self.events_replayed = 0
 
     def not_handed(self) -> int:
         """Events read and not dropped that ZeroMQ has not accepted (yet)."""
@@ -876,9 +1221,8 @@ class Counters:
 
 class Reporter:
     """Everything zmqpush says about itself while it runs, on stderr: --stats
-    lines, SIGUSR1, the --progress line, and connection events read from a
-    ZeroMQ socket monitor (which also counts connected receivers).  Its timers
-    exist only when --stats or --progress asked for them."""
+    lines, SIGUSR1, the --progress line, and connection events (rate-limited).
+    Its timers exist only when --stats or --progress asked for them."""
 
     EVENT_REPEAT_SECONDS = 5.0
 
@@ -891,9 +1235,6 @@ class Reporter:
         self._timers: list = []
         self._progress = config.progress and os.isatty(2)
         self._event_last: dict = {}
-        self._sock = sender.socket
-        self._monitor = None
-        self._monitor_fd = -1
 
     def snapshot(self) -> dict:
         """The counters now, with the send rate since the previous snapshot."""
@@ -905,7 +1246,8 @@ class Reporter:
                 "queued": self._queue.events(), "dropped": c.events_dropped,
                 "split": c.pieces, "transport_bytes": self._sender.buffered_bytes(),
                 "drain_waits": c.drain_waits, "connected": c.connected,
-                "rate": round(rate, 1)}
+                "disconnects": c.disconnects, "replayed": c.events_replayed,
+                "window_bytes": self._sender.window.nbytes, "rate": round(rate, 1)}
 
     def print_stats(self):
         """One counters line: "zmqpush: read=N ..." or, with --stats-format json, an object."""
@@ -916,13 +1258,12 @@ class Reporter:
             warn(" ".join(f"{k}={v}" for k, v in values.items()))
 
     def start(self):
-        """Start the connection monitor, and the timers that were asked for."""
+        """Start the timers that were asked for."""
         loop = asyncio.get_running_loop()
         if self._config.stats:
             self._every(loop, self._config.stats, self.print_stats)
         if self._progress:
             self._every(loop, 0.5, self._print_progress)
-        self._start_monitor(loop)
 
     def _every(self, loop, seconds: float, action):
         def tick():
@@ -932,10 +1273,9 @@ class Reporter:
         self._timers.append(loop.call_later(seconds, tick))
 
     def stop(self):
-        """Cancel the timers and stop the monitor (before the socket closes)."""
+        """Cancel the timers."""
         for timer in self._timers:
             timer.cancel()
-        self._stop_monitor()
         if self._progress:
             self._print_progress()
             write_stderr("\n")
@@ -944,51 +1284,10 @@ class Reporter:
         v = self.snapshot()
         state = f"{v['connected']} connected" if v["connected"] else "waiting for a receiver"
         write_stderr(f"\r\x1b[Kzmqpush: {v['rate']:,.0f} lines/s, {v['sent']:,} sent, "
-                     f"{v['queued']:,} queued, {v['dropped']:,} dropped, {state}")
+                     f"{v['queued']:,} queued, {v['dropped']:,} dropped, "
+                     f"{v['replayed']:,} replayed, {state}")
 
-    def _start_monitor(self, loop):
-        """A pyzmq monitor socket for the PUSH socket, watched by the loop.
-
-        (aiozmq's own monitor misses events over inproc with this loop and can
-        block at close.)  Only the three events used are asked for, so libzmq
-        never has to send a "monitor stopped" event at the end."""
-        import zmq
-        events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | \
-            zmq.EVENT_CONNECT_RETRIED
-        self._monitor = self._sock.get_monitor_socket(events)
-        self._monitor_fd = self._monitor.getsockopt(zmq.FD)
-        loop.add_reader(self._monitor_fd, self._read_events)
-        loop.call_soon(self._read_events)
-
-    def _stop_monitor(self):
-        if self._monitor is None:
-            return
-        asyncio.get_running_loop().remove_reader(self._monitor_fd)
-        self._read_events()
-        self._sock.disable_monitor()
-        self._monitor.close(linger=0)
-        self._monitor = None
-
-    def _read_events(self):
-        """Handle every monitor event ready now (ZeroMQ's FD signals edges only)."""
-        import zmq
-        while self._monitor is not None and \
-                self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            head, endpoint = self._monitor.recv_multipart(zmq.NOBLOCK)
-            event = int.from_bytes(head[:2], sys.byteorder)  # then a 32-bit value
-            self._on_event(event, endpoint.decode(errors="replace"), zmq)
-
-    def _on_event(self, event: int, endpoint: str, zmq):
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self._counters.connected += 1
-            self._say("connected", endpoint)
-        elif event == zmq.EVENT_DISCONNECTED:
-            self._counters.connected = max(0, self._counters.connected - 1)
-            self._say("disconnected", endpoint)
-        elif event == zmq.EVENT_CONNECT_RETRIED:
-            self._say("retrying", endpoint)
-
-    def _say(self, what: str, endpoint: str):
+    def say(self, what: str, endpoint: str):
         """One line per event, at most one per kind and endpoint every 5 s."""
         if self._config.quiet:
             return
@@ -999,7 +1298,7 @@ class Reporter:
             return
         more = f" ({skipped} more since last said)" if skipped else ""
         self._event_last[(what, endpoint)] = (now, 0)
-        warn(f"receiver {what} {endpoint}{more}")
+        warn(f"{what} {endpoint}{more}")
 
 
 def write_stderr(text: str):
@@ -1029,12 +1328,13 @@ class Shipper:
         self._sender: Sender | None = None
         self._queue: ByteQueue | None = None
         self._reporter: Reporter | None = None
+        self._connections: Connections | None = None
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
         config = self.config
         try:
-            stream, context = await open_stream(config)
+            stream, context = await open_stream(config, on_socket=self._watch_connections)
         except OSError as exc:
             warn(f"cannot use endpoint {' '.join(config.connect + config.bind)}: "
                  f"{exc.strerror or exc}")
@@ -1042,23 +1342,51 @@ class Shipper:
                                               errno.ENODEV) else EXIT_ERROR
         self._queue = ByteQueue(config.queue_bytes)
         encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
-                          config.timestamp)
+                          config.timestamp, array_bytes=config.array_bytes,
+                          run_id=os.urandom(8).hex() if config.event_ids else None)
         read_bytes = config.batch_bytes if config.batch else DEFAULT_READ_BYTES
         self._reader = StdinReader(
             self._stdin_fd, self._queue, encoder=encoder,
             framer=LineFramer(config.max_line_bytes), counters=self.counters,
             read_bytes=read_bytes, drop_when_full=config.when_full == "drop")
-        self._sender = Sender(stream, self._queue, self.counters)
+        self._sender = Sender(stream, self._queue, self.counters, config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender)
         self._reporter.start()
+        waiting = asyncio.get_running_loop().call_later(1.0, self._say_if_unconnected)
         self._install_signals()
         try:
             not_handed = await self._ship()
         finally:
+            waiting.cancel()
             self._reader.close()
+            self._connections.close()
             self._reporter.stop()
         delivered = await self._close(stream, context)
         return self._report(not_handed, delivered)
+
+    def _watch_connections(self, sock) -> Connections:
+        """Monitor the socket's connections before it uses any endpoint."""
+        self._connections = Connections(sock, self.counters, self._on_connection_event,
+                                        self._on_receiver_lost)
+        return self._connections
+
+    def _on_connection_event(self, what: str, endpoint: str):
+        if self._reporter is not None:
+            self._reporter.say(f"receiver {what}", endpoint)
+
+    def _on_receiver_lost(self, endpoint: str):
+        """Replay what may have been in flight to the receiver that went away."""
+        if self._sender is None:
+            return
+        events = self._sender.replay_in_flight()
+        if events:
+            self._reporter.say(f"replaying {events} events that may have been in flight to",
+                               endpoint)
+
+    def _say_if_unconnected(self):
+        if not self.counters.connected:
+            endpoints = " ".join(self.config.connect + self.config.bind)
+            self._reporter.say("no receiver yet (retrying every 1 s):", endpoints)
 
     async def _ship(self) -> int:
         """Run reader and sender; after input ends, give them --linger seconds.
@@ -1086,11 +1414,14 @@ class Shipper:
     async def _confirm_loop(self):
         """--confirm: the sender loop that replies to rsyslog on stdout."""
         while True:
-            batch = await self._queue.get()
+            batch = await self._sender.next_batch()
             if batch is END:
                 return
-            await self._sender.send_confirmed(batch, self.config.confirm_timeout,
-                                              self._reply_to_rsyslog)
+            if batch.replayed:
+                self._sender.spill_replay(batch)
+            else:
+                await self._sender.send_confirmed(batch, self.config.confirm_timeout,
+                                                  self._reply_to_rsyslog)
 
     def _reply_to_rsyslog(self, accepted: bool):
         if not reply("OK" if accepted else "zmqpush: not accepted by ZeroMQ in time"):

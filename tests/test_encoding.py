@@ -23,8 +23,8 @@ def expected(line: bytes) -> str:
 @given(lines_st, st.text(max_size=10))
 def test_any_bytes_encode_to_strict_json_with_three_fields_in_order(lines, logtype):
     encoder = zmqpush.Encoder(logtype, 4242, batch=False)
-    messages, count = encoder.encode(b"".join(line + b"\n" for line in lines))
-    assert len(messages) == count == len(lines)
+    messages, events = encoder.encode(b"".join(line + b"\n" for line in lines))
+    assert len(messages) == len(events) == len(lines) and set(events) <= {1}
     for message, line in zip(messages, lines):
         doc = json.loads(message.decode("utf-8"), strict=True)
         assert list(doc) == ["message", "type", "@pid"]
@@ -36,9 +36,34 @@ def test_any_bytes_encode_to_strict_json_with_three_fields_in_order(lines, logty
 def test_batch_mode_is_one_strict_json_array_of_the_same_events(lines):
     data = b"".join(line + b"\n" for line in lines)
     single, _ = zmqpush.Encoder("t", 1, batch=False).encode(data)
-    (batch,), count = zmqpush.Encoder("t", 1, batch=True).encode(data)
+    (batch,), (count,) = zmqpush.Encoder("t", 1, batch=True).encode(data)
     assert json.loads(batch, strict=True) == [json.loads(m) for m in single]
     assert count == len(lines)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines_st, st.integers(60, 400), st.booleans())
+def test_batch_arrays_are_capped_and_carry_every_event_once_in_order(lines, cap, ids):
+    """No array exceeds the cap unless it holds one event; cuts never fall inside
+    an event (hostile bytes included), with and without event ids."""
+    data = b"".join(line + b"\n" for line in lines)
+    run_id = "r1" if ids else None
+    single, _ = zmqpush.Encoder("t%", 1, batch=False, run_id=run_id).encode(data)
+    arrays, counts = zmqpush.Encoder("t%", 1, batch=True, run_id=run_id,
+                                     array_bytes=cap).encode(data)
+    docs = [json.loads(a, strict=True) for a in arrays]
+    assert [len(d) for d in docs] == counts
+    assert all(len(a) <= cap for a, d in zip(arrays, docs) if len(d) > 1)
+    assert [e for d in docs for e in d] == [json.loads(m) for m in single]
+
+
+def test_event_ids_run_on_across_chunks_and_follow_the_other_fields():
+    encoder = zmqpush.Encoder("t", 7, batch=False, fields=(("k", "v"),), run_id="abc")
+    first, _ = encoder.encode(b"a\nb\n")
+    second, _ = encoder.encode(b"c\n", continues=True)
+    docs = [json.loads(m) for m in first + second]
+    assert [d["@metadata"] for d in docs] == [{"_id": f"abc-{i}"} for i in range(3)]
+    assert list(docs[2]) == ["message", "type", "@pid", "k", "@continues", "@metadata"]
 
 
 @settings(max_examples=300, deadline=None)

@@ -86,7 +86,8 @@ def test_stats_lines_parse_and_match_what_the_receiver_got(receiver):
         assert last["sent"] == last["read"] == 1000 == len(receiver.frames)
         assert last["queued"] == 0 and last["dropped"] == 0 and last["connected"] == 1
         assert set(last) == {"read", "bytes", "sent", "queued", "dropped", "split",
-                             "transport_bytes", "drain_waits", "connected", "rate"}
+                             "transport_bytes", "drain_waits", "connected", "disconnects",
+                             "replayed", "window_bytes", "rate"}
     finally:
         stop_process(proc)
 

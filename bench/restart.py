@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Outages: what a receiver restart costs, for each mode, in one run.
+
+A receiver set up like logstash-input-zeromq (bench/stock_input.py: LINGER 1,
+RCVHWM 1000, consuming at most --rate events/s) is stopped (SIGTERM, or SIGKILL
+with --kill) and started again on the same port --restarts times while zmqpush
+ships --lines numbered lines of 20 to 180 bytes from a pipe.  The table shows,
+per mode, the lines that never arrived, the duplicates, zmqpush's exit code and
+its replay counters.  Every loop is bounded in time.
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ZMQPUSH = str(HERE.parent / "zmqpush.py")
+RECEIVER = str(HERE / "stock_input.py")
+
+MODES = {
+    "default, replay off": ["--replay-bytes", "0"],
+    "default": [],
+    "--batch, replay off": ["--batch", "--replay-bytes", "0"],
+    "--batch": ["--batch"],
+}
+
+
+def numbered_lines(count: int) -> bytes:
+    """count lines "N xxx…" of 20 to 180 bytes, N from 0."""
+    return b"".join(b"%d " % i + b"x" * (18 + (i * 37) % 160) + b"\n" for i in range(count))
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Outage:
+    """One shipment with receiver restarts; run() returns its figures."""
+
+    def __init__(self, args_: list, lines: int, restarts: int, rate: float, kill: bool,
+                 tmp: str, bind: bool = False):
+        self.args, self.lines, self.restarts, self.rate, self.kill = (
+            args_, lines, restarts, rate, kill)
+        self.out = os.path.join(tmp, f"received-{time.monotonic_ns()}.txt")
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.bind = bind
+
+    def receiver(self) -> subprocess.Popen:
+        where = ["--connect" if self.bind else "--bind", self.endpoint]
+        return subprocess.Popen([sys.executable, RECEIVER, *where, "--rate", str(self.rate),
+                                 "--out", self.out], stdout=subprocess.DEVNULL)
+
+    def received_count(self) -> int:
+        try:
+            with open(self.out, "rb") as f:
+                return f.read().count(b"\n")
+        except FileNotFoundError:
+            return 0
+
+    def run(self) -> dict:
+        receiver = self.receiver()
+        where = ["--bind" if self.bind else "-c", self.endpoint]
+        shipper = subprocess.Popen([sys.executable, ZMQPUSH, "-q", *where, "--linger", "10",
+                                    "--stats", "3600", *self.args],
+                                   stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        feeder = threading.Thread(target=self._feed, args=(shipper,), daemon=True)
+        feeder.start()
+        try:
+            for n in range(1, self.restarts + 1):
+                self._wait_received(self.lines * n // (self.restarts + 2), 60)
+                receiver.send_signal(signal.SIGKILL if self.kill else signal.SIGTERM)
+                receiver.wait(10)
+                time.sleep(0.3)
+                receiver = self.receiver()
+            feeder.join(120)
+            os.kill(shipper.pid, signal.SIGUSR1)
+            code = shipper.wait(60)
+            self._wait_quiet(1.0, 60)
+        finally:
+            for proc in (shipper, receiver):
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+        return self._figures(code, shipper.stderr.read().decode())
+
+    def _feed(self, shipper):
+        try:
+            shipper.stdin.write(numbered_lines(self.lines))
+            shipper.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def _wait_received(self, count: int, timeout: float):
+        deadline = time.monotonic() + timeout
+        while self.received_count() < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _wait_quiet(self, quiet: float, timeout: float):
+        deadline, last, since = time.monotonic() + timeout, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            n = self.received_count()
+            if n != last:
+                last, since = n, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                return
+            time.sleep(0.05)
+
+    def _figures(self, code: int, stderr: str) -> dict:
+        with open(self.out, "rb") as f:
+            seen = Counter(int(line.split(b" ", 1)[0]) for line in f.read().splitlines())
+        stats = next((line for line in stderr.splitlines() if "replayed=" in line), "")
+        values = dict(kv.split("=", 1) for kv in stats.split()[1:] if "=" in kv)
+        return {"lost": sum(1 for i in range(self.lines) if i not in seen),
+                "duplicates": sum(seen.values()) - len(seen), "exit": code,
+                "disconnects": values.get("disconnects", "?"),
+                "replayed": values.get("replayed", "?")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lines", type=int, default=300_000)
+    p.add_argument("--restarts", type=int, default=3)
+    p.add_argument("--rate", type=float, default=60_000, help="receiver events/s")
+    p.add_argument("--kill", action="store_true", help="SIGKILL the receiver, not SIGTERM")
+    p.add_argument("--bind", action="store_true", help="zmqpush binds, the receiver connects")
+    args = p.parse_args()
+    how = "SIGKILL" if args.kill else "SIGTERM"
+    print(f"{args.lines:,} lines, receiver ({how}) restarted {args.restarts} times, "
+          f"consuming at most {args.rate:,.0f} events/s{', zmqpush --bind' if args.bind else ''}\n")
+    print("| mode | lost | duplicates | exit | disconnects | replayed events |")
+    print("|---|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode, extra in MODES.items():
+            r = Outage(extra, args.lines, args.restarts, args.rate, args.kill, tmp,
+                       args.bind).run()
+            print(f"| {mode} | {r['lost']:,} | {r['duplicates']:,} | {r['exit']} "
+                  f"| {r['disconnects']} | {r['replayed']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
