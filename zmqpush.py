@@ -7,6 +7,15 @@ options -> encoding -> reading -> sending -> lifecycle, and so does this file.
 """
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__":
+    # Before the slow imports: rsyslog may forward HUP (or USR1) at any moment,
+    # and their default action would kill the process.  The run's own handlers
+    # replace these dispositions later.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
 import argparse
 import asyncio
 import collections
@@ -16,7 +25,6 @@ import json.encoder
 import os
 import re
 import select
-import signal
 import socket
 import sys
 import time
