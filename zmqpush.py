@@ -57,7 +57,14 @@ RECONNECT_IVL_MAX_MS = 1000
 # Owns the command line, its ZMQPUSH_* environment twins and their validation.
 
 ENDPOINT_RE = re.compile(r"^(tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(\d{1,5}|\*)"
-                         r"|ipc://\S+|inproc://\S+)$")
+                         r"|ipc://\S+)$")
+# Bounds that keep every value within what the socket options and the
+# allocations take (no OverflowError or MemoryError at run time).
+MAX_SECONDS = 86400
+MAX_SNDHWM = 2**31 - 1
+MAX_BATCH_BYTES = 16 << 20
+MIN_MAX_LINE_BYTES = 4  # one UTF-8 character: a cut never falls inside one
+HEARTBEAT_RANGE = (1, 3600)
 
 HELP_EPILOG = """\
 examples:
@@ -91,9 +98,9 @@ class UsageError(Exception):
 
 
 class Config(NamedTuple):
-    """Everything the run needs, validated."""
+    """Everything the run needs, validated; what goes on the wire is UTF-8 bytes."""
 
-    logtype: str
+    logtype: bytes
     connect: list
     bind: list
     linger: float
@@ -109,7 +116,7 @@ class Config(NamedTuple):
     confirm: bool
     confirm_timeout: float
     quiet: bool
-    fields: tuple
+    fields: tuple  # (key, value) pairs of UTF-8 bytes
     timestamp: bool
     stats: float | None
     stats_format: str
@@ -143,18 +150,28 @@ def _terminal_columns() -> int:
         return 80
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError(text)
-    return value
+def _integer(low: int, high: int | None = None):
+    """An argparse type: an integer from low to high (no upper bound if None)."""
+    def integer(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise ValueError(text)
+        return value
+    integer.__name__ = (f"integer from {low} to {high}" if high is not None
+                        else "positive integer" if low == 1 else f"integer of at least {low}")
+    return integer
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(text)
-    return value
+def _seconds(low: float = 0, high: float = MAX_SECONDS, off: bool = False):
+    """An argparse type: seconds from low to high; 0 too when off (it means "off")."""
+    def seconds(text: str) -> float:
+        value = float(text)
+        if not (low <= value <= high or (off and value == 0)):
+            raise ValueError(text)
+        return value
+    seconds.__name__ = f"number of seconds from {low:g} to {high:g}" + \
+        (" (0: off)" if off else "")
+    return seconds
 
 
 def _buffer_limits(text: str) -> tuple:
@@ -167,8 +184,6 @@ def _buffer_limits(text: str) -> tuple:
     return high, low
 
 
-_positive_int.__name__ = "positive integer"
-_seconds.__name__ = "number of seconds"
 _buffer_limits.__name__ = "HIGH[,LOW] with HIGH >= LOW >= 0"
 
 
@@ -188,44 +203,49 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
                    f"default {DEFAULT_ENDPOINT}")
     p.add_argument("--bind", action="append", metavar="ENDPOINT",
                    help='bind ENDPOINT instead (Logstash input mode => "client")')
-    p.add_argument("--linger", type=_seconds, metavar="SECONDS",
+    p.add_argument("--linger", type=_seconds(), metavar="SECONDS",
                    help="at end of input, wait at most this long for delivery "
                    f"(default {DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5)")
-    p.add_argument("--sndhwm", type=_positive_int, metavar="N",
+    p.add_argument("--sndhwm", type=_integer(1, MAX_SNDHWM), metavar="N",
                    help="ZeroMQ send high-water mark in messages per receiver (default "
                    f"{DEFAULT_SNDHWM}; with --batch, {BATCH_ZMQ_BYTES >> 20} MiB of batches)")
     p.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
                    help="aiozmq transport watermarks in bytes (default "
                    f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
                    "LOW left out: HIGH/4)")
-    p.add_argument("--queue-bytes", type=_positive_int, metavar="N",
+    p.add_argument("--queue-bytes", type=_integer(1), metavar="N",
                    help="bound of the queue between reader and sender, in bytes of "
                    f"encoded JSON (default {DEFAULT_QUEUE_BYTES})")
-    p.add_argument("--max-line-bytes", type=_positive_int, metavar="N",
+    p.add_argument("--max-line-bytes", type=_integer(MIN_MAX_LINE_BYTES), metavar="N",
                    help="longer lines are split into messages marked "
-                   f'"@continues":true (default {DEFAULT_MAX_LINE_BYTES})')
+                   f'"@continues":true (at least {MIN_MAX_LINE_BYTES}, '
+                   f"default {DEFAULT_MAX_LINE_BYTES})")
     p.add_argument("--batch", action="store_true", default=None,
                    help="send the lines of one read as one JSON array per message")
-    p.add_argument("--batch-bytes", type=_positive_int, metavar="N",
-                   help=f"read size, and so batch size cap (default {DEFAULT_READ_BYTES})")
+    p.add_argument("--batch-bytes", type=_integer(1, MAX_BATCH_BYTES), metavar="N",
+                   help="read size, and so batch size cap (default "
+                   f"{DEFAULT_READ_BYTES}, at most {MAX_BATCH_BYTES})")
     p.add_argument("--when-full", choices=("block", "drop"),
-                   help="queue full: block the producer (default) or drop and count")
-    p.add_argument("--heartbeat", type=_seconds, metavar="SECONDS",
-                   help="ZeroMQ heartbeat interval; a peer silent for 3 intervals "
-                   "is dropped and reconnected (default off)")
+                   help="queue full: block the producer (default) or drop and count; "
+                   "only for inputs that can be polled (pipes, sockets, terminals)")
+    p.add_argument("--heartbeat", type=_seconds(*HEARTBEAT_RANGE, off=True),
+                   metavar="SECONDS",
+                   help="ZeroMQ heartbeat interval, 1 to 3600; a peer silent for 3 "
+                   "intervals is dropped and reconnected (default 0: off)")
     p.add_argument("--confirm", action="store_true", default=None,
                    help='rsyslog omprog confirmMessages mode: print "OK" when ready, '
                    "then one reply line per line read")
-    p.add_argument("--confirm-timeout", type=_seconds, metavar="SECONDS",
+    p.add_argument("--confirm-timeout", type=_seconds(), metavar="SECONDS",
                    help="--confirm: how long a line may wait for ZeroMQ before it is "
-                   f"refused (default {DEFAULT_CONFIRM_TIMEOUT:g})")
+                   f"refused; 0: only what ZeroMQ takes at once "
+                   f"(default {DEFAULT_CONFIRM_TIMEOUT:g})")
     p.add_argument("--host-field", action="store_true", default=None,
                    help='add "host": this host\'s name (Logstash would stamp its own)')
     p.add_argument("--timestamp", action="store_true", default=None,
                    help='add "@timestamp": when the line was read, ISO 8601 UTC, ms')
     p.add_argument("-f", "--field", action="append", metavar="KEY=VALUE",
                    help="add a static string field (repeatable)")
-    p.add_argument("--stats", type=_seconds, metavar="SECONDS",
+    p.add_argument("--stats", type=_seconds(), metavar="SECONDS",
                    help="print the counters on stderr every SECONDS")
     p.add_argument("--stats-format", choices=("text", "json"),
                    help="--stats and SIGUSR1 line format (default text)")
@@ -246,6 +266,7 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
         if text is None or action.dest in ("help", "version"):
             continue
         name = "ZMQPUSH_" + action.dest.upper()
+        utf8(text, name)
         try:
             if action.nargs == 0:
                 value = text.strip().lower() in ("1", "true", "yes", "on")
@@ -256,7 +277,9 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
             else:
                 value = text
         except ValueError:
-            raise UsageError(f"{name}: invalid value {text!r}") from None
+            expected = getattr(action.type, "__name__", "")
+            raise UsageError(f"{name}: invalid value {text!r}"
+                             + (f" (expected {expected})" if expected else "")) from None
         if action.choices and value not in action.choices:
             raise UsageError(f"{name}: {text!r} is not one of {', '.join(action.choices)}")
         defaults[action.dest] = value
@@ -266,26 +289,42 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
 RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp")
 
 
+def utf8(text: str, what: str) -> bytes:
+    """text as UTF-8 bytes.  UsageError if it is not valid UTF-8: Python hands
+    such bytes of argv and environ over as surrogate escapes, and they could
+    never be sent as valid JSON."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} is not valid UTF-8: {text!a}") from None
+
+
 def extra_fields(specs: list, host_field: bool) -> tuple:
-    """(key, value) pairs from -f KEY=VALUE and --host-field; UsageError if a key is
-    empty, reserved, or given twice."""
+    """(key, value) pairs of UTF-8 bytes from -f KEY=VALUE and --host-field;
+    UsageError if a key is empty, reserved, or given twice, or if a spec is
+    not valid UTF-8."""
     fields = [("host", socket.gethostname())] if host_field else []
     for spec in specs:
         key, sep, value = spec.partition("=")
         if not sep or not key:
-            raise UsageError(f"bad field {spec!r} (expected KEY=VALUE)")
+            raise UsageError(f"bad field {spec!a} (expected KEY=VALUE)")
         fields.append((key, value))
     keys = [key for key, _ in fields]
     for key in keys:
         if key in RESERVED_FIELDS:
             raise UsageError(f"field {key!r} is reserved")
         if keys.count(key) > 1:
-            raise UsageError(f"field {key!r} given twice")
-    return tuple(fields)
+            raise UsageError(f"field {key!a} given twice")
+    return tuple((utf8(key, "field name"), utf8(value, f"field {key!a}"))
+                 for key, value in fields)
 
 
 def check_endpoint(endpoint: str) -> str:
-    """Return endpoint if it is well formed, else raise UsageError."""
+    """Return endpoint if it is well formed, valid UTF-8 and can reach another
+    process, else raise UsageError."""
+    utf8(endpoint, "endpoint")
+    if endpoint.startswith("inproc://"):
+        raise UsageError(f"endpoint {endpoint!r}: inproc:// cannot reach another process")
     match = ENDPOINT_RE.match(endpoint)
     port = endpoint.rsplit(":", 1)[-1]
     if not match or (endpoint.startswith("tcp://") and port != "*" and int(port) > 65535):
@@ -313,12 +352,15 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         connect = [DEFAULT_ENDPOINT]
     if opt["confirm"] and opt["batch"]:
         raise UsageError("--confirm and --batch cannot be combined")
+    if opt["confirm"] and opt["when_full"] == "drop":
+        raise UsageError("--confirm and --when-full drop cannot be combined "
+                         "(every line read needs a reply)")
     high, low = opt["write_buffer_limits"] or DEFAULT_WRITE_LIMITS
     batch_bytes = opt["batch_bytes"] or DEFAULT_READ_BYTES
     default_sndhwm = (max(4, BATCH_ZMQ_BYTES // batch_bytes) if opt["batch"]
                       else DEFAULT_SNDHWM)
     return Config(
-        logtype=opt["logtype"] if opt["logtype"] is not None else "syslog",
+        logtype=utf8(opt["logtype"] if opt["logtype"] is not None else "syslog", "LOGTYPE"),
         connect=connect, bind=bind,
         linger=DEFAULT_LINGER if opt["linger"] is None else opt["linger"],
         sndhwm=opt["sndhwm"] or default_sndhwm,
@@ -361,6 +403,11 @@ def iso8601_utc(epoch: float) -> str:
         f".{millis % 1000:03d}Z"
 
 
+def _json_string(text: bytes) -> bytes:
+    """A JSON string literal of valid UTF-8 text, as UTF-8 bytes."""
+    return _escape(text.decode("utf-8")).encode("utf-8")
+
+
 def valid_utf8(lines: bytes) -> bytes:
     """lines with each invalid UTF-8 sequence replaced by U+FFFD, exactly as
     decode("utf-8", "replace") would; valid lines come back as they are.
@@ -399,11 +446,13 @@ class Encoder:
     Work is per chunk, on bytes: a few C passes, none per line.
     """
 
-    def __init__(self, logtype: str, pid: int, batch: bool, fields: tuple = (),
+    def __init__(self, logtype: bytes, pid: int, batch: bool, fields: tuple = (),
                  timestamp: bool = False):
+        """logtype and the (key, value) fields are valid UTF-8 bytes (see utf8())."""
         self._head = b'{"message":"'
-        self._tail = ('","type":' + _escape(logtype) + ',"@pid":' + str(pid)
-                      + "".join("," + _escape(k) + ":" + _escape(v) for k, v in fields))
+        self._tail = (b'","type":' + _json_string(logtype) + b',"@pid":' + b"%d" % pid
+                      + b"".join(b"," + _json_string(k) + b":" + _json_string(v)
+                                 for k, v in fields))
         self._timestamp = timestamp
         self._batch = batch
 
@@ -420,8 +469,8 @@ class Encoder:
             lines = lines.replace(b"\r\n", b"\n")
         tail = self._tail
         if self._timestamp:
-            tail += ',"@timestamp":"' + iso8601_utc(read_at) + '"'
-        tail = (tail + (',"@continues":true}' if continues else "}")).encode("utf-8")
+            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
+        tail += b',"@continues":true}' if continues else b"}"
         between = tail + (b"," if self._batch else _MESSAGE_MARK) + self._head
         escaped = escape_utf8_lines(lines)
         body = escaped.replace(b"\n", between)

@@ -22,7 +22,7 @@ def expected(line: bytes) -> str:
 @settings(max_examples=400, deadline=None)
 @given(lines_st, st.text(max_size=10))
 def test_any_bytes_encode_to_strict_json_with_three_fields_in_order(lines, logtype):
-    encoder = zmqpush.Encoder(logtype, 4242, batch=False)
+    encoder = zmqpush.Encoder(logtype.encode(), 4242, batch=False)
     messages, count = encoder.encode(b"".join(line + b"\n" for line in lines))
     assert len(messages) == count == len(lines)
     for message, line in zip(messages, lines):
@@ -35,8 +35,8 @@ def test_any_bytes_encode_to_strict_json_with_three_fields_in_order(lines, logty
 @given(lines_st)
 def test_batch_mode_is_one_strict_json_array_of_the_same_events(lines):
     data = b"".join(line + b"\n" for line in lines)
-    single, _ = zmqpush.Encoder("t", 1, batch=False).encode(data)
-    (batch,), count = zmqpush.Encoder("t", 1, batch=True).encode(data)
+    single, _ = zmqpush.Encoder(b"t", 1, batch=False).encode(data)
+    (batch,), count = zmqpush.Encoder(b"t", 1, batch=True).encode(data)
     assert json.loads(batch, strict=True) == [json.loads(m) for m in single]
     assert count == len(lines)
 
@@ -77,7 +77,7 @@ def test_overlong_lines_are_cut_at_character_boundaries():
 
 
 def test_continuation_pieces_are_marked_in_json():
-    encoder = zmqpush.Encoder("t", 1, batch=False)
+    encoder = zmqpush.Encoder(b"t", 1, batch=False)
     (msg,), _ = encoder.encode(b"abc\r\n", strip_cr=False, continues=True)
     assert json.loads(msg) == {"message": "abc\r", "type": "t", "@pid": 1, "@continues": True}
 
