@@ -498,6 +498,9 @@ class LineFramer:
 
     No line longer than max_line_bytes is ever held: longer ones leave as
     pieces cut at UTF-8 character boundaries, all but the last marked continues.
+    Every message is at most max_line_bytes (a line's CR before its newline is
+    not part of its message); max_line_bytes >= 4, one UTF-8 character, so a
+    cut in valid UTF-8 never falls inside a character.
     """
 
     def __init__(self, max_line_bytes: int):
@@ -524,10 +527,11 @@ class LineFramer:
         return [Segment(last, strip_cr=False)]
 
     def _segments(self, complete: bytes) -> list:
-        if len(complete) <= self._max + 2:
+        """complete (whole lines) as Segments, over-long lines split into pieces."""
+        if len(complete) <= self._max + 1:
             return [Segment(complete)]
         lines = complete.split(b"\n")[:-1]
-        if max(map(len, lines)) <= self._max + 1:
+        if max(map(len, lines)) <= self._max:
             return [Segment(complete)]
         out, run = [], []
         for line in lines:
