@@ -761,10 +761,23 @@ def configure_socket(sock, config: Config):
     sock.setsockopt(zmq.IMMEDIATE, 1 if config.confirm else 0)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+    if any(endpoint.startswith("tcp://[") for endpoint in config.connect + config.bind):
+        sock.setsockopt(zmq.IPV6, 1)  # a bracketed IPv6 address; ZeroMQ's default is IPv4 only
     if config.heartbeat:
         ivl = max(1, int(config.heartbeat * 1000))
         sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
+
+
+# ZeroMQ's errors for an endpoint that can never work, whatever the network does.
+_ENDPOINT_USAGE_ERRNOS = (errno.EINVAL, errno.EPROTONOSUPPORT, errno.ENODEV,
+                          errno.ENAMETOOLONG)
+
+
+def endpoint_error_code(exc: OSError) -> int:
+    """Exit code for open_stream's OSError: 2 for an endpoint that is unusable as
+    written (bad address, ipc path too long), 1 for the rest (address in use)."""
+    return EXIT_USAGE if exc.errno in _ENDPOINT_USAGE_ERRNOS else EXIT_ERROR
 
 
 async def open_stream(config: Config):
@@ -898,6 +911,12 @@ class Sender:
                 line_ok = True
 
     async def _flushed_within(self, timeout: float) -> bool:
+        """True if the transport buffer is (or becomes, within timeout) empty.
+        An empty buffer is never waited for, so timeout 0 accepts what ZeroMQ
+        took at once."""
+        if not self._transport.get_write_buffer_size():
+            self._settle()
+            return True
         try:
             await asyncio.wait_for(self._flush_transport(), timeout)
         except asyncio.TimeoutError:
