@@ -621,13 +621,21 @@ class _End(NamedTuple):
 END = _End()
 
 
+class InputError(Exception):
+    """Reading stdin failed; raised by StdinReader.run() once END is queued."""
+
+
 class StdinReader:
-    """Reads fd until EOF or stop(), framing and encoding, feeding a ByteQueue.
+    """Reads fd until EOF, stop() or a read error, framing and encoding, feeding
+    a ByteQueue.
 
     Owns the descriptor's O_NONBLOCK flag (restored by close()) and the epoll
     object.  While the queue is full it stops reading (policy "block": the
     pipe fills and the producer blocks) or drops and counts (policy "drop").
-    Regular files and /dev/null cannot be polled: they are read directly.
+    Regular files, /dev/null, /dev/zero and the like cannot be polled: they are
+    read directly, always with policy "block" (nothing upstream waits on them,
+    so dropping would only lose lines).  It yields to the loop after every
+    read, so signals, timers and the sender run even when reads never block.
     `ended` is set at EOF or stop(), even while the last puts still wait for room.
     """
 
@@ -639,7 +647,6 @@ class StdinReader:
         self._framer = framer
         self._counters = counters
         self._read_bytes = read_bytes
-        self._drop = drop_when_full
         self._stopping = False
         self.ended = asyncio.Event()
         self._read_at = time.time()
@@ -647,6 +654,7 @@ class StdinReader:
         self._loop = asyncio.get_running_loop()
         self._flags = None
         self._epoll = self._watch()
+        self._drop = drop_when_full and self._epoll is not None
 
     def _watch(self):
         """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
@@ -686,16 +694,26 @@ class StdinReader:
             self._flags = None
 
     async def run(self):
-        """Read until EOF or stop(); then hand over the unfinished line and END."""
+        """Read until EOF, stop() or a read error; then hand over the unfinished
+        line and END.  A read error is raised after that, as InputError: what
+        was read before it is still delivered."""
+        failure = None
         while not self._stopping:
-            data = await self._read()
+            try:
+                data = await self._read()
+            except OSError as exc:
+                failure = exc
+                break
             if not data:
                 break
             self._read_at = time.time()
             await self._hand_over(self._framer.feed(data), len(data))
+            await asyncio.sleep(0)
         self.ended.set()
         await self._hand_over(self._framer.finish(), 0)
         await self._queue.put(END)
+        if failure is not None:
+            raise InputError(failure.strerror or str(failure)) from failure
 
     async def _read(self) -> bytes:
         """The next bytes of stdin; waits on epoll when none are ready.
@@ -733,7 +751,6 @@ class StdinReader:
             self._counters.events_dropped += nevents
             return
         await self._queue.put(batch)
-        await asyncio.sleep(0)
 
 
 # ---------------------------------------------------------------- sending --
@@ -1096,15 +1113,28 @@ def warn(text: str):
 
 
 class Shipper:
-    """One run: stdin -> queue -> ZeroMQ, until EOF or a signal, then linger."""
+    """One run: stdin -> queue -> ZeroMQ, until EOF, a signal or a failure, then linger.
 
-    def __init__(self, config: Config, stdin_fd: int = 0):
+    Supervision happens here alone.  The reader and sender tasks report their
+    exceptions to _fail(), and so does every callback the loop runs (socket
+    monitor, timers, signal handlers) through the loop's exception handler.
+    The first failure ends the run as EOF would: reading stops, what was read
+    is still delivered within --linger where the sender can, then one line
+    names the cause and the exit code is 1.  Every task is cancelled and
+    awaited before the socket closes.
+    """
+
+    def __init__(self, config: Config, stdin_fd: int = 0, stdout_closed: bool = False):
         self.config = config
         self.counters = Counters()
         self._stdin_fd = stdin_fd
+        self._stdout_closed = stdout_closed
         self._started = time.perf_counter()
         self._stop_signals = 0
         self._deadline = 0.0
+        self._cause: str | None = None
+        self._failed: asyncio.Future | None = None
+        self._tasks: list = []
         self._reader: StdinReader | None = None
         self._sender: Sender | None = None
         self._queue: ByteQueue | None = None
@@ -1118,8 +1148,7 @@ class Shipper:
         except OSError as exc:
             warn(f"cannot use endpoint {' '.join(config.connect + config.bind)}: "
                  f"{exc.strerror or exc}")
-            return EXIT_USAGE if exc.errno in (errno.EINVAL, errno.EPROTONOSUPPORT,
-                                              errno.ENODEV) else EXIT_ERROR
+            return endpoint_error_code(exc)
         self._queue = ByteQueue(config.queue_bytes)
         encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
                           config.timestamp)
@@ -1130,38 +1159,93 @@ class Shipper:
             read_bytes=read_bytes, drop_when_full=config.when_full == "drop")
         self._sender = Sender(stream, self._queue, self.counters)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender)
+        loop = asyncio.get_running_loop()
+        self._failed = loop.create_future()
+        loop.set_exception_handler(self._on_loop_exception)
         self._reporter.start()
         self._install_signals()
         try:
-            not_handed = await self._ship()
+            await self._ship()
         finally:
             self._reader.close()
             self._reporter.stop()
         delivered = await self._close(stream, context)
-        return self._report(not_handed, delivered)
+        return self._report(delivered)
 
-    async def _ship(self) -> int:
-        """Run reader and sender; after input ends, give them --linger seconds.
-        Returns the events that were read but not handed to ZeroMQ."""
+    async def _ship(self):
+        """Run reader and sender until input ends (EOF, stop signal or failure),
+        then give the sender until the --linger deadline to deliver what was
+        read; then cancel and await every task."""
         if self.config.confirm:
-            reply("OK")
             sender = self._confirm_loop()
+            self._say_ready()
         else:
             sender = self._sender.run()
-        reader_task = asyncio.ensure_future(self._reader.run())
-        sender_task = asyncio.ensure_future(sender)
-        input_ended = asyncio.ensure_future(self._reader.ended.wait())
-        await asyncio.wait([input_ended, sender_task], return_when=asyncio.FIRST_COMPLETED)
-        input_ended.cancel()
+        self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
+                       self._supervise(sender, "sending")]
+        ended = asyncio.get_running_loop().create_task(self._reader.ended.wait())
+        await asyncio.wait([ended, self._failed, *self._tasks],
+                           return_when=asyncio.FIRST_COMPLETED)
         self._deadline = time.monotonic() + self.config.linger
-        done, pending = await asyncio.wait([reader_task, sender_task],
-                                           timeout=self.config.linger)
-        for task in pending:
-            task.cancel()
-        for task in done:
-            if task.exception() is not None:
-                raise task.exception()
-        return self.counters.not_handed()
+        self._reader.stop()
+        try:
+            await self._linger()
+        finally:
+            for task in [ended, *self._tasks]:
+                task.cancel()
+            await asyncio.gather(ended, *self._tasks, return_exceptions=True)
+
+    async def _linger(self):
+        """Wait until every task is done or the deadline passes; stop at once if
+        the sender failed (nothing more can be delivered).  A reader that failed
+        before queuing END gets one queued for it, so the sender ends after what
+        was read."""
+        reader, sender = self._tasks[0], self._tasks[1]
+        ending = False
+        while True:
+            if not ending and reader.done() and not reader.cancelled() and \
+                    reader.exception() is not None and \
+                    not isinstance(reader.exception(), InputError):
+                self._tasks.append(self._supervise(self._queue.put(END), "ending the queue"))
+                ending = True
+            pending = [task for task in self._tasks if not task.done()]
+            left = self._deadline - time.monotonic()
+            if not pending or left <= 0 or (sender.done() and sender.exception() is not None):
+                return
+            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+
+    def _supervise(self, coroutine, name: str) -> asyncio.Task:
+        """A task whose exception, if any, ends the run (see _fail)."""
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        task.add_done_callback(self._on_task_done)
+        return task
+
+    def _on_task_done(self, task: asyncio.Task):
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(f"{task.get_name()} failed: {describe(task.exception())}")
+
+    def _on_loop_exception(self, loop, context: dict):
+        """The loop's exception handler: an exception in any callback ends the run."""
+        exc = context.get("exception")
+        where = context.get("message", "a callback")
+        self._fail(f"{describe(exc)} ({where})" if exc is not None else where)
+
+    def _fail(self, cause: str):
+        """Record the first failure (exit 1) and stop reading; later ones follow from it."""
+        if self._cause is None:
+            self._cause = " ".join(cause.split())
+        self._reader.stop()
+        if not self._failed.done():
+            self._failed.set_result(None)
+
+    def _say_ready(self):
+        """--confirm: "OK" to rsyslog, or stop reading if nobody can read replies."""
+        if self._stdout_closed:
+            warn("stdout was closed at start: nobody can read --confirm replies, "
+                 "reading nothing")
+            self._reader.stop()
+        elif not reply("OK"):
+            self._reader.stop()
 
     async def _confirm_loop(self):
         """--confirm: the sender loop that replies to rsyslog on stdout."""
@@ -1178,8 +1262,7 @@ class Shipper:
 
     async def _close(self, stream, context) -> bool:
         """Close with what is left of --linger.  True if ZeroMQ delivered all it
-        held: its termination returned before the linger ran out.  With
-        --linger 0 nothing is waited for and pending messages are not judged."""
+        held: its termination returned before the linger ran out."""
         import zmq
         remaining = max(0.0, self._deadline - time.monotonic())
         sock = stream.transport.get_extra_info("zmq_socket")
@@ -1193,21 +1276,35 @@ class Shipper:
             sock.close()
         began = time.monotonic()
         await asyncio.get_running_loop().run_in_executor(None, context.term)
-        return self.config.linger == 0 or time.monotonic() - began + 0.01 < remaining
+        return time.monotonic() - began + 0.01 < remaining
 
-    def _report(self, not_handed: int, delivered: bool) -> int:
+    def _report(self, delivered: bool) -> int:
+        """Say what went wrong or was left undelivered, print the closing line;
+        returns the exit code: 1 after a failure, 3 if any line may not have
+        been delivered (not handed over, dropped, still held by ZeroMQ, or
+        not waited for with --linger 0), else 0."""
         counters = self.counters
-        elapsed = (time.perf_counter() - self._started) * 1000
-        code = EXIT_OK
+        not_handed = counters.not_handed()
+        problems = []
         if not_handed > 0:
-            warn(f"{not_handed} messages were not handed to ZeroMQ within "
-                 f"--linger {self.config.linger:g}s (receiver down or too slow)")
-            code = EXIT_UNDELIVERED
-        if not delivered:
-            warn("ZeroMQ still held undelivered messages (at most --sndhwm "
-                 f"{self.config.sndhwm} per receiver) when --linger ran out")
-            code = EXIT_UNDELIVERED
-        closing = (f"Processed {counters.events_handed} messages in {elapsed:.4f}ms. "
+            problems.append(f"{not_handed} messages were not handed to ZeroMQ within "
+                            f"--linger {self.config.linger:g}s (receiver down or too slow)")
+        if self.config.linger == 0:
+            if counters.events_read:
+                problems.append("--linger 0: delivery was not waited for")
+        elif not delivered:
+            problems.append("ZeroMQ still held undelivered messages (at most --sndhwm "
+                            f"{self.config.sndhwm} per receiver) when --linger ran out")
+        if self._cause is not None:
+            more = f" ({not_handed} messages not handed to ZeroMQ)" if not_handed > 0 else ""
+            warn(self._cause + more)
+            code = EXIT_ERROR
+        else:
+            for problem in problems:
+                warn(problem)
+            code = EXIT_UNDELIVERED if problems or counters.events_dropped else EXIT_OK
+        closing = (f"Processed {counters.events_handed} messages in "
+                   f"{(time.perf_counter() - self._started) * 1000:.4f}ms. "
                    f"Tagged with @pid:{os.getpid()}")
         if counters.events_dropped:
             closing += f". Dropped {counters.events_dropped} messages (queue full)"
@@ -1232,6 +1329,15 @@ class Shipper:
         os._exit(EXIT_SIGNAL_BASE + signum)
 
 
+def describe(exc: BaseException) -> str:
+    """An exception as a short phrase for one diagnostic line."""
+    if isinstance(exc, InputError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def reply(text: str) -> bool:
     """--confirm: one protocol line on stdout.  False if rsyslog has gone."""
     try:
@@ -1239,6 +1345,24 @@ def reply(text: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def reopen_closed_std_fds() -> set:
+    """Open /dev/null on each of descriptors 0, 1 and 2 that is closed; returns
+    those that were.  Without this the loop or ZeroMQ would get those numbers
+    (uvloop aborts then, and stdout or stderr would be one of their sockets)."""
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    return closed
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -1252,6 +1376,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def main(argv=None) -> int:
     """The command line: returns the exit code (see --help)."""
+    closed = reopen_closed_std_fds()
     try:
         config = parse_options(argv)
     except UsageError as exc:
@@ -1259,9 +1384,14 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(Shipper(config).run())
+        return loop.run_until_complete(Shipper(config, stdout_closed=1 in closed).run())
+    except Exception as exc:  # a failure outside the supervised run: one line, no traceback
+        warn(f"failed: {describe(exc)}")
+        return EXIT_ERROR
     finally:
         loop.close()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop's handlers are gone
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
