@@ -85,10 +85,12 @@ Every option can also be set by an environment variable ZMQPUSH_<OPTION>
 
 exit codes:
   0    every line read was handed to ZeroMQ and delivered within --linger
-  1    runtime error (e.g. the bind address is in use)
-  2    usage error: bad option, value or endpoint
-  3    undelivered: at exit some lines were not handed to ZeroMQ, or ZeroMQ
-       still held messages when --linger ran out
+  1    runtime error: the bind address is in use, or reading or sending failed
+       (one line names the cause; what was read is still delivered if it can be)
+  2    usage error: bad option, value or endpoint, or an argument that is not UTF-8
+  3    undelivered: at exit some lines were not handed to ZeroMQ, ZeroMQ still
+       held messages when --linger ran out, lines were dropped (--when-full
+       drop), or --linger 0 did not wait for the lines read
   128+N  forced exit by a second SIGINT or SIGTERM (130, 143)
 """
 
@@ -204,8 +206,10 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
     p.add_argument("--bind", action="append", metavar="ENDPOINT",
                    help='bind ENDPOINT instead (Logstash input mode => "client")')
     p.add_argument("--linger", type=_seconds(), metavar="SECONDS",
-                   help="at end of input, wait at most this long for delivery "
-                   f"(default {DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5)")
+                   help="at end of input, wait at most this long for delivery; 0: do "
+                   "not wait (exit 3 if anything was read) (default "
+                   f"{DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5; at most "
+                   f"{MAX_SECONDS})")
     p.add_argument("--sndhwm", type=_integer(1, MAX_SNDHWM), metavar="N",
                    help="ZeroMQ send high-water mark in messages per receiver (default "
                    f"{DEFAULT_SNDHWM}; with --batch, {BATCH_ZMQ_BYTES >> 20} MiB of batches)")
@@ -246,7 +250,7 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
     p.add_argument("-f", "--field", action="append", metavar="KEY=VALUE",
                    help="add a static string field (repeatable)")
     p.add_argument("--stats", type=_seconds(), metavar="SECONDS",
-                   help="print the counters on stderr every SECONDS")
+                   help=f"print the counters on stderr every SECONDS (at most {MAX_SECONDS})")
     p.add_argument("--stats-format", choices=("text", "json"),
                    help="--stats and SIGUSR1 line format (default text)")
     p.add_argument("--progress", action="store_true", default=None,
