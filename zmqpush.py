@@ -1207,14 +1207,13 @@ class Shipper:
         reader, sender = self._tasks[0], self._tasks[1]
         ending = False
         while True:
-            if not ending and reader.done() and not reader.cancelled() and \
-                    reader.exception() is not None and \
-                    not isinstance(reader.exception(), InputError):
+            if not ending and failed(reader) and \
+                    not isinstance(reader.exception(), InputError):  # raised after END
                 self._tasks.append(self._supervise(self._queue.put(END), "ending the queue"))
                 ending = True
             pending = [task for task in self._tasks if not task.done()]
             left = self._deadline - time.monotonic()
-            if not pending or left <= 0 or (sender.done() and sender.exception() is not None):
+            if not pending or left <= 0 or failed(sender):
                 return
             await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
 
@@ -1225,7 +1224,7 @@ class Shipper:
         return task
 
     def _on_task_done(self, task: asyncio.Task):
-        if not task.cancelled() and task.exception() is not None:
+        if failed(task):
             self._fail(f"{task.get_name()} failed: {describe(task.exception())}")
 
     def _on_loop_exception(self, loop, context: dict):
@@ -1331,6 +1330,11 @@ class Shipper:
             return
         warn(f"interrupted: {self.counters.not_handed()} messages not handed to ZeroMQ")
         os._exit(EXIT_SIGNAL_BASE + signum)
+
+
+def failed(task: asyncio.Task) -> bool:
+    """True if task ended with an exception (not cancelled, not still running)."""
+    return task.done() and not task.cancelled() and task.exception() is not None
 
 
 def describe(exc: BaseException) -> str:
