@@ -4,9 +4,12 @@
 Opens the same PUSH stream as zmqpush.py (no receiver needed: connecting is
 lazy) and prints the aiozmq transport's write-buffer limits in the original
 tool's two lines, then ZeroMQ's SNDHWM and SNDBUF and the kernel's
-net.ipv4.tcp_wmem.  --json prints the same as one JSON object.
+net.ipv4.tcp_wmem.  --json prints the same as one JSON object.  Exit codes as
+zmqpush's: 2 for a usage error, 1 when stdout cannot be written (silently
+when its reader has gone).
 """
 import json
+import os
 import sys
 
 import zmqpush
@@ -38,7 +41,37 @@ async def effective_watermarks(config: zmqpush.Config) -> dict:
     return values
 
 
+def report(values: dict, as_json: bool) -> str:
+    """The text to print: the original's two lines and more, or one JSON object."""
+    if as_json:
+        return json.dumps(values) + "\n"
+    sndbuf = values["sndbuf"]
+    return "".join(line + "\n" for line in (
+        f"Low watermark: {values['low_watermark']}",
+        f"High watermark: {values['high_watermark']}",
+        f"ZeroMQ SNDHWM: {values['sndhwm']} messages",
+        f"ZeroMQ SNDBUF: {sndbuf}" + (" (kernel default)" if sndbuf < 0 else " bytes"),
+        f"net.ipv4.tcp_wmem: {values['tcp_wmem']}"))
+
+
+def write_stdout(text: str) -> int:
+    """Write text to descriptor 1; the exit code: 0, or 1 if it cannot be
+    written (one line on stderr, none when the reader has gone: EPIPE)."""
+    data = text.encode()
+    try:
+        while data:
+            data = data[os.write(1, data):]
+    except BrokenPipeError:
+        return zmqpush.EXIT_ERROR
+    except OSError as exc:
+        zmqpush.warn(f"cannot write to stdout: {exc.strerror or exc}")
+        return zmqpush.EXIT_ERROR
+    return zmqpush.EXIT_OK
+
+
 def main(argv=None) -> int:
+    """The command line: returns the exit code."""
+    closed = zmqpush.reopen_closed_std_fds()
     parser = zmqpush.build_parser("zmqpush-watermark.py")
     parser.description = __doc__.split("\n\n")[0]
     parser.epilog = None
@@ -49,24 +82,18 @@ def main(argv=None) -> int:
     except zmqpush.UsageError as exc:
         zmqpush.warn(f"{exc} (see --help)")
         return zmqpush.EXIT_USAGE
+    if 1 in closed:
+        zmqpush.warn("cannot write to stdout: it was closed at start")
+        return zmqpush.EXIT_ERROR
     loop = zmqpush.new_event_loop()
     try:
         values = loop.run_until_complete(effective_watermarks(config))
     except OSError as exc:
         zmqpush.warn(f"cannot use endpoint: {exc.strerror or exc}")
-        return zmqpush.EXIT_ERROR
+        return zmqpush.endpoint_error_code(exc)
     finally:
         loop.close()
-    if args.json:
-        print(json.dumps(values))
-        return zmqpush.EXIT_OK
-    sndbuf = values["sndbuf"]
-    print(f"Low watermark: {values['low_watermark']}")
-    print(f"High watermark: {values['high_watermark']}")
-    print(f"ZeroMQ SNDHWM: {values['sndhwm']} messages")
-    print(f"ZeroMQ SNDBUF: {sndbuf}" + (" (kernel default)" if sndbuf < 0 else " bytes"))
-    print(f"net.ipv4.tcp_wmem: {values['tcp_wmem']}")
-    return zmqpush.EXIT_OK
+    return write_stdout(report(values, args.json))
 
 
 if __name__ == "__main__":

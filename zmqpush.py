@@ -7,6 +7,15 @@ options -> encoding -> reading -> sending -> lifecycle, and so does this file.
 """
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__":
+    # Before the slow imports: rsyslog may forward HUP (or USR1) at any moment,
+    # and their default action would kill the process.  The run's own handlers
+    # replace these dispositions later.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
 import argparse
 import asyncio
 import collections
@@ -17,7 +26,6 @@ import json.encoder
 import os
 import re
 import select
-import signal
 import socket
 import sys
 import time
@@ -64,7 +72,14 @@ PIPE_BYTES = 4 << 20
 # Owns the command line, its ZMQPUSH_* environment twins and their validation.
 
 ENDPOINT_RE = re.compile(r"^(tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(\d{1,5}|\*)"
-                         r"|ipc://\S+|inproc://\S+)$")
+                         r"|ipc://\S+)$")
+# Bounds that keep every value within what the socket options and the
+# allocations take (no OverflowError or MemoryError at run time).
+MAX_SECONDS = 86400
+MAX_SNDHWM = 2**31 - 1
+MAX_BATCH_BYTES = 16 << 20
+MIN_MAX_LINE_BYTES = 4  # one UTF-8 character: a cut never falls inside one
+HEARTBEAT_RANGE = (1, 3600)
 
 HELP_EPILOG = """\
 examples:
@@ -85,10 +100,12 @@ Every option can also be set by an environment variable ZMQPUSH_<OPTION>
 
 exit codes:
   0    every line read was handed to ZeroMQ and delivered within --linger
-  1    runtime error (e.g. the bind address is in use)
-  2    usage error: bad option, value or endpoint
-  3    undelivered: at exit some lines were not handed to ZeroMQ, or ZeroMQ
-       still held messages when --linger ran out
+  1    runtime error: the bind address is in use, or reading or sending failed
+       (one line names the cause; what was read is still delivered if it can be)
+  2    usage error: bad option, value or endpoint, or an argument that is not UTF-8
+  3    undelivered: at exit some lines were not handed to ZeroMQ, ZeroMQ still
+       held messages when --linger ran out, lines were dropped (--when-full
+       drop), or --linger 0 did not wait for the lines read
   128+N  forced exit by a second SIGINT or SIGTERM (130, 143)
 """
 
@@ -98,9 +115,9 @@ class UsageError(Exception):
 
 
 class Config(NamedTuple):
-    """Everything the run needs, validated."""
+    """Everything the run needs, validated; what goes on the wire is UTF-8 bytes."""
 
-    logtype: str
+    logtype: bytes
     connect: list
     bind: list
     linger: float
@@ -116,7 +133,7 @@ class Config(NamedTuple):
     confirm: bool
     confirm_timeout: float
     quiet: bool
-    fields: tuple
+    fields: tuple  # (key, value) pairs of UTF-8 bytes
     timestamp: bool
     stats: float | None
     stats_format: str
@@ -153,25 +170,28 @@ def _terminal_columns() -> int:
         return 80
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError(text)
-    return value
+def _integer(low: int, high: int | None = None):
+    """An argparse type: an integer from low to high (no upper bound if None)."""
+    def integer(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise ValueError(text)
+        return value
+    integer.__name__ = (f"integer from {low} to {high}" if high is not None
+                        else "positive integer" if low == 1 else f"integer of at least {low}")
+    return integer
 
 
-def _natural_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(text)
-    return value
+def _seconds(low: float = 0, high: float = MAX_SECONDS, off: bool = False):
+    """An argparse type: seconds from low to high; 0 too when off (it means "off")."""
+    def seconds(text: str) -> float:
+        value = float(text)
+        if not (low <= value <= high or (off and value == 0)):
+            raise ValueError(text)
+        return value
+    seconds.__name__ = f"number of seconds from {low:g} to {high:g}" + \
+        (" (0: off)" if off else "")
+    return seconds
 
 
 def _buffer_limits(text: str) -> tuple:
@@ -184,9 +204,6 @@ def _buffer_limits(text: str) -> tuple:
     return high, low
 
 
-_positive_int.__name__ = "positive integer"
-_natural_int.__name__ = "integer >= 0"
-_seconds.__name__ = "number of seconds"
 _buffer_limits.__name__ = "HIGH[,LOW] with HIGH >= LOW >= 0"
 
 
@@ -206,52 +223,59 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
                    f"default {DEFAULT_ENDPOINT}")
     p.add_argument("--bind", action="append", metavar="ENDPOINT",
                    help='bind ENDPOINT instead (Logstash input mode => "client")')
-    p.add_argument("--linger", type=_seconds, metavar="SECONDS",
-                   help="at end of input, wait at most this long for delivery "
-                   f"(default {DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5)")
-    p.add_argument("--sndhwm", type=_positive_int, metavar="N",
+    p.add_argument("--linger", type=_seconds(), metavar="SECONDS",
+                   help="at end of input, wait at most this long for delivery; 0: do "
+                   "not wait (exit 3 if anything was read) (default "
+                   f"{DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5; at most "
+                   f"{MAX_SECONDS})")
+    p.add_argument("--sndhwm", type=_integer(1, MAX_SNDHWM), metavar="N",
                    help="ZeroMQ send high-water mark in messages per receiver (default "
                    f"{DEFAULT_SNDHWM}; with --batch, {BATCH_ZMQ_BYTES >> 20} MiB of batches)")
     p.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
                    help="aiozmq transport watermarks in bytes (default "
                    f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
                    "LOW left out: HIGH/4)")
-    p.add_argument("--queue-bytes", type=_positive_int, metavar="N",
+    p.add_argument("--queue-bytes", type=_integer(1), metavar="N",
                    help="bound of the queue between reader and sender, in bytes of "
                    f"encoded JSON (default {DEFAULT_QUEUE_BYTES})")
-    p.add_argument("--max-line-bytes", type=_positive_int, metavar="N",
+    p.add_argument("--max-line-bytes", type=_integer(MIN_MAX_LINE_BYTES), metavar="N",
                    help="longer lines are split into messages marked "
-                   f'"@continues":true (default {DEFAULT_MAX_LINE_BYTES})')
+                   f'"@continues":true (at least {MIN_MAX_LINE_BYTES}, '
+                   f"default {DEFAULT_MAX_LINE_BYTES})")
     p.add_argument("--batch", action="store_true", default=None,
                    help="send the lines of one read as one JSON array per message")
-    p.add_argument("--batch-bytes", type=_positive_int, metavar="N",
-                   help=f"read size, and so batch size cap (default {DEFAULT_READ_BYTES})")
+    p.add_argument("--batch-bytes", type=_integer(1, MAX_BATCH_BYTES), metavar="N",
+                   help="read size, and so batch size cap (default "
+                   f"{DEFAULT_READ_BYTES}, at most {MAX_BATCH_BYTES})")
     p.add_argument("--when-full", choices=("block", "drop"),
-                   help="queue full: block the producer (default) or drop and count")
-    p.add_argument("--replay-bytes", type=_natural_int, metavar="N",
+                   help="queue full: block the producer (default) or drop and count; "
+                   "only for inputs that can be polled (pipes, sockets, terminals)")
+    p.add_argument("--replay-bytes", type=_integer(0), metavar="N",
                    help="replay window: after a receiver goes away, send again what "
                    "may have been in flight to it, up to N bytes of the newest "
                    f"messages (default {DEFAULT_REPLAY_BYTES}; 0: off, at most once)")
     p.add_argument("--event-id", action="store_true", default=None,
                    help='add "@metadata":{"_id":"RUN-SEQ"} to each event, the same in '
                    "a replayed copy (Logstash: document_id => \"%%{[@metadata][_id]}\")")
-    p.add_argument("--heartbeat", type=_seconds, metavar="SECONDS",
-                   help="ZeroMQ heartbeat interval; a peer silent for 3 intervals "
-                   "is dropped and reconnected (default off)")
+    p.add_argument("--heartbeat", type=_seconds(*HEARTBEAT_RANGE, off=True),
+                   metavar="SECONDS",
+                   help="ZeroMQ heartbeat interval, 1 to 3600; a peer silent for 3 "
+                   "intervals is dropped and reconnected (default 0: off)")
     p.add_argument("--confirm", action="store_true", default=None,
                    help='rsyslog omprog confirmMessages mode: print "OK" when ready, '
                    "then one reply line per line read")
-    p.add_argument("--confirm-timeout", type=_seconds, metavar="SECONDS",
+    p.add_argument("--confirm-timeout", type=_seconds(), metavar="SECONDS",
                    help="--confirm: how long a line may wait for ZeroMQ before it is "
-                   f"refused (default {DEFAULT_CONFIRM_TIMEOUT:g})")
+                   f"refused; 0: only what ZeroMQ takes at once "
+                   f"(default {DEFAULT_CONFIRM_TIMEOUT:g})")
     p.add_argument("--host-field", action="store_true", default=None,
                    help='add "host": this host\'s name (Logstash would stamp its own)')
     p.add_argument("--timestamp", action="store_true", default=None,
                    help='add "@timestamp": when the line was read, ISO 8601 UTC, ms')
     p.add_argument("-f", "--field", action="append", metavar="KEY=VALUE",
                    help="add a static string field (repeatable)")
-    p.add_argument("--stats", type=_seconds, metavar="SECONDS",
-                   help="print the counters on stderr every SECONDS")
+    p.add_argument("--stats", type=_seconds(), metavar="SECONDS",
+                   help=f"print the counters on stderr every SECONDS (at most {MAX_SECONDS})")
     p.add_argument("--stats-format", choices=("text", "json"),
                    help="--stats and SIGUSR1 line format (default text)")
     p.add_argument("--progress", action="store_true", default=None,
@@ -271,6 +295,7 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
         if text is None or action.dest in ("help", "version"):
             continue
         name = "ZMQPUSH_" + action.dest.upper()
+        utf8(text, name)
         try:
             if action.nargs == 0:
                 value = text.strip().lower() in ("1", "true", "yes", "on")
@@ -281,7 +306,9 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
             else:
                 value = text
         except ValueError:
-            raise UsageError(f"{name}: invalid value {text!r}") from None
+            expected = getattr(action.type, "__name__", "")
+            raise UsageError(f"{name}: invalid value {text!r}"
+                             + (f" (expected {expected})" if expected else "")) from None
         if action.choices and value not in action.choices:
             raise UsageError(f"{name}: {text!r} is not one of {', '.join(action.choices)}")
         defaults[action.dest] = value
@@ -291,26 +318,42 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
 RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp")
 
 
+def utf8(text: str, what: str) -> bytes:
+    """text as UTF-8 bytes.  UsageError if it is not valid UTF-8: Python hands
+    such bytes of argv and environ over as surrogate escapes, and they could
+    never be sent as valid JSON."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} is not valid UTF-8: {text!a}") from None
+
+
 def extra_fields(specs: list, host_field: bool) -> tuple:
-    """(key, value) pairs from -f KEY=VALUE and --host-field; UsageError if a key is
-    empty, reserved, or given twice."""
+    """(key, value) pairs of UTF-8 bytes from -f KEY=VALUE and --host-field;
+    UsageError if a key is empty, reserved, or given twice, or if a spec is
+    not valid UTF-8."""
     fields = [("host", socket.gethostname())] if host_field else []
     for spec in specs:
         key, sep, value = spec.partition("=")
         if not sep or not key:
-            raise UsageError(f"bad field {spec!r} (expected KEY=VALUE)")
+            raise UsageError(f"bad field {spec!a} (expected KEY=VALUE)")
         fields.append((key, value))
     keys = [key for key, _ in fields]
     for key in keys:
         if key in RESERVED_FIELDS:
             raise UsageError(f"field {key!r} is reserved")
         if keys.count(key) > 1:
-            raise UsageError(f"field {key!r} given twice")
-    return tuple(fields)
+            raise UsageError(f"field {key!a} given twice")
+    return tuple((utf8(key, "field name"), utf8(value, f"field {key!a}"))
+                 for key, value in fields)
 
 
 def check_endpoint(endpoint: str) -> str:
-    """Return endpoint if it is well formed, else raise UsageError."""
+    """Return endpoint if it is well formed, valid UTF-8 and can reach another
+    process, else raise UsageError."""
+    utf8(endpoint, "endpoint")
+    if endpoint.startswith("inproc://"):
+        raise UsageError(f"endpoint {endpoint!r}: inproc:// cannot reach another process")
     match = ENDPOINT_RE.match(endpoint)
     port = endpoint.rsplit(":", 1)[-1]
     if not match or (endpoint.startswith("tcp://") and port != "*" and int(port) > 65535):
@@ -338,6 +381,9 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         connect = [DEFAULT_ENDPOINT]
     if opt["confirm"] and opt["batch"]:
         raise UsageError("--confirm and --batch cannot be combined")
+    if opt["confirm"] and opt["when_full"] == "drop":
+        raise UsageError("--confirm and --when-full drop cannot be combined "
+                         "(every line read needs a reply)")
     high, low = opt["write_buffer_limits"] or DEFAULT_WRITE_LIMITS
     batch_bytes = opt["batch_bytes"] or DEFAULT_READ_BYTES
     replay_bytes = (DEFAULT_REPLAY_BYTES if opt["replay_bytes"] is None
@@ -347,7 +393,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
                       else DEFAULT_SNDHWM)
     return Config(
-        logtype=opt["logtype"] if opt["logtype"] is not None else "syslog",
+        logtype=utf8(opt["logtype"] if opt["logtype"] is not None else "syslog", "LOGTYPE"),
         connect=connect, bind=bind,
         linger=DEFAULT_LINGER if opt["linger"] is None else opt["linger"],
         sndhwm=opt["sndhwm"] or default_sndhwm,
@@ -403,6 +449,11 @@ def iso8601_utc(epoch: float) -> str:
         f".{millis % 1000:03d}Z"
 
 
+def _json_string(text: bytes) -> bytes:
+    """A JSON string literal of valid UTF-8 text, as UTF-8 bytes."""
+    return _escape(text.decode("utf-8")).encode("utf-8")
+
+
 def valid_utf8(lines: bytes) -> bytes:
     """lines with each invalid UTF-8 sequence replaced by U+FFFD, exactly as
     decode("utf-8", "replace") would; valid lines come back as they are.
@@ -443,12 +494,14 @@ class Encoder:
     message is longer than array_bytes unless it holds a single event.
     """
 
-    def __init__(self, logtype: str, pid: int, batch: bool, fields: tuple = (),
+    def __init__(self, logtype: bytes, pid: int, batch: bool, fields: tuple = (),
                  timestamp: bool = False, *, run_id: str | None = None,
                  array_bytes: int = DEFAULT_READ_BYTES):
+        """logtype and the (key, value) fields are valid UTF-8 bytes (see utf8())."""
         self._head = b'{"message":"'
-        self._tail = ('","type":' + _escape(logtype) + ',"@pid":' + str(pid)
-                      + "".join("," + _escape(k) + ":" + _escape(v) for k, v in fields))
+        self._tail = (b'","type":' + _json_string(logtype) + b',"@pid":' + b"%d" % pid
+                      + b"".join(b"," + _json_string(k) + b":" + _json_string(v)
+                                 for k, v in fields))
         self._timestamp = timestamp
         self._batch = batch
         self._array_bytes = array_bytes
@@ -468,13 +521,13 @@ class Encoder:
             lines = lines.replace(b"\r\n", b"\n")
         tail = self._tail
         if self._timestamp:
-            tail += ',"@timestamp":"' + iso8601_utc(read_at) + '"'
+            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
         if continues:
-            tail += ',"@continues":true'
+            tail += b',"@continues":true'
         escaped = escape_utf8_lines(lines)
         if self._run_id is not None:
-            return self._encode_with_ids(escaped, tail.encode("utf-8"))
-        tail = (tail + "}").encode("utf-8")
+            return self._encode_with_ids(escaped, tail)
+        tail += b"}"
         between = tail + (b"," if self._batch else _MESSAGE_MARK) + self._head
         body = escaped.replace(b"\n", between)
         count = (len(body) - len(escaped)) // (len(between) - 1)
@@ -545,6 +598,9 @@ class LineFramer:
 
     No line longer than max_line_bytes is ever held: longer ones leave as
     pieces cut at UTF-8 character boundaries, all but the last marked continues.
+    Every message is at most max_line_bytes (a line's CR before its newline is
+    not part of its message); max_line_bytes >= 4, one UTF-8 character, so a
+    cut in valid UTF-8 never falls inside a character.
     """
 
     def __init__(self, max_line_bytes: int):
@@ -571,10 +627,11 @@ class LineFramer:
         return [Segment(last, strip_cr=False)]
 
     def _segments(self, complete: bytes) -> list:
-        if len(complete) <= self._max + 2:
+        """complete (whole lines) as Segments, over-long lines split into pieces."""
+        if len(complete) <= self._max + 1:
             return [Segment(complete)]
         lines = complete.split(b"\n")[:-1]
-        if max(map(len, lines)) <= self._max + 1:
+        if max(map(len, lines)) <= self._max:
             return [Segment(complete)]
         out, run = [], []
         for line in lines:
@@ -687,13 +744,21 @@ class _End(NamedTuple):
 END = _End()
 
 
+class InputError(Exception):
+    """Reading stdin failed; raised by StdinReader.run() once END is queued."""
+
+
 class StdinReader:
-    """Reads fd until EOF or stop(), framing and encoding, feeding a ByteQueue.
+    """Reads fd until EOF, stop() or a read error, framing and encoding, feeding
+    a ByteQueue.
 
     Owns the descriptor's O_NONBLOCK flag (restored by close()) and the epoll
     object.  While the queue is full it stops reading (policy "block": the
     pipe fills and the producer blocks) or drops and counts (policy "drop").
-    Regular files and /dev/null cannot be polled: they are read directly.
+    Regular files, /dev/null, /dev/zero and the like cannot be polled: they are
+    read directly, always with policy "block" (nothing upstream waits on them,
+    so dropping would only lose lines).  It yields to the loop after every
+    read, so signals, timers and the sender run even when reads never block.
     `ended` is set at EOF or stop(), even while the last puts still wait for room.
     """
 
@@ -705,7 +770,6 @@ class StdinReader:
         self._framer = framer
         self._counters = counters
         self._read_bytes = read_bytes
-        self._drop = drop_when_full
         self._stopping = False
         self.ended = asyncio.Event()
         self._read_at = time.time()
@@ -713,6 +777,7 @@ class StdinReader:
         self._loop = asyncio.get_running_loop()
         self._flags = None
         self._epoll = self._watch()
+        self._drop = drop_when_full and self._epoll is not None
 
     def _watch(self):
         """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
@@ -752,16 +817,26 @@ class StdinReader:
             self._flags = None
 
     async def run(self):
-        """Read until EOF or stop(); then hand over the unfinished line and END."""
+        """Read until EOF, stop() or a read error; then hand over the unfinished
+        line and END.  A read error is raised after that, as InputError: what
+        was read before it is still delivered."""
+        failure = None
         while not self._stopping:
-            data = await self._read()
+            try:
+                data = await self._read()
+            except OSError as exc:
+                failure = exc
+                break
             if not data:
                 break
             self._read_at = time.time()
             await self._hand_over(self._framer.feed(data), len(data))
+            await asyncio.sleep(0)
         self.ended.set()
         await self._hand_over(self._framer.finish(), 0)
         await self._queue.put(END)
+        if failure is not None:
+            raise InputError(failure.strerror or str(failure)) from failure
 
     async def _read(self) -> bytes:
         """The next bytes of stdin; waits on epoll when none are ready.
@@ -799,7 +874,6 @@ class StdinReader:
             self._counters.events_dropped += nevents
             return
         await self._queue.put(batch)
-        await asyncio.sleep(0)
 
 
 # Lines encoded in one go at most: a read of empty lines would otherwise
@@ -857,10 +931,23 @@ def configure_socket(sock, config: Config):
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     if config.replay_bytes:
         sock.setsockopt(zmq.SNDBUF, REPLAY_SNDBUF)
+    if any(endpoint.startswith("tcp://[") for endpoint in config.connect + config.bind):
+        sock.setsockopt(zmq.IPV6, 1)  # a bracketed IPv6 address; ZeroMQ's default is IPv4 only
     if config.heartbeat:
         ivl = max(1, int(config.heartbeat * 1000))
         sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
+
+
+# ZeroMQ's errors for an endpoint that can never work, whatever the network does.
+_ENDPOINT_USAGE_ERRNOS = (errno.EINVAL, errno.EPROTONOSUPPORT, errno.ENODEV,
+                          errno.ENAMETOOLONG)
+
+
+def endpoint_error_code(exc: OSError) -> int:
+    """Exit code for open_stream's OSError: 2 for an endpoint that is unusable as
+    written (bad address, ipc path too long), 1 for the rest (address in use)."""
+    return EXIT_USAGE if exc.errno in _ENDPOINT_USAGE_ERRNOS else EXIT_ERROR
 
 
 async def open_stream(config: Config, on_socket=None):
@@ -1126,6 +1213,12 @@ class Sender:
                 line_ok = True
 
     async def _flushed_within(self, timeout: float) -> bool:
+        """True if the transport buffer is (or becomes, within timeout) empty.
+        An empty buffer is never waited for, so timeout 0 accepts what ZeroMQ
+        took at once."""
+        if not self._transport.get_write_buffer_size():
+            self._settle()
+            return True
         try:
             await asyncio.wait_for(self._flush_transport(), timeout)
         except asyncio.TimeoutError:
@@ -1315,15 +1408,28 @@ def warn(text: str):
 
 
 class Shipper:
-    """One run: stdin -> queue -> ZeroMQ, until EOF or a signal, then linger."""
+    """One run: stdin -> queue -> ZeroMQ, until EOF, a signal or a failure, then linger.
 
-    def __init__(self, config: Config, stdin_fd: int = 0):
+    Supervision happens here alone.  The reader and sender tasks report their
+    exceptions to _fail(), and so does every callback the loop runs (socket
+    monitor, timers, signal handlers) through the loop's exception handler.
+    The first failure ends the run as EOF would: reading stops, what was read
+    is still delivered within --linger where the sender can, then one line
+    names the cause and the exit code is 1.  Every task is cancelled and
+    awaited before the socket closes.
+    """
+
+    def __init__(self, config: Config, stdin_fd: int = 0, stdout_closed: bool = False):
         self.config = config
         self.counters = Counters()
         self._stdin_fd = stdin_fd
+        self._stdout_closed = stdout_closed
         self._started = time.perf_counter()
         self._stop_signals = 0
         self._deadline = 0.0
+        self._cause: str | None = None
+        self._failed: asyncio.Future | None = None
+        self._tasks: list = []
         self._reader: StdinReader | None = None
         self._sender: Sender | None = None
         self._queue: ByteQueue | None = None
@@ -1338,8 +1444,7 @@ class Shipper:
         except OSError as exc:
             warn(f"cannot use endpoint {' '.join(config.connect + config.bind)}: "
                  f"{exc.strerror or exc}")
-            return EXIT_USAGE if exc.errno in (errno.EINVAL, errno.EPROTONOSUPPORT,
-                                              errno.ENODEV) else EXIT_ERROR
+            return endpoint_error_code(exc)
         self._queue = ByteQueue(config.queue_bytes)
         encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
                           config.timestamp, array_bytes=config.array_bytes,
@@ -1351,18 +1456,21 @@ class Shipper:
             read_bytes=read_bytes, drop_when_full=config.when_full == "drop")
         self._sender = Sender(stream, self._queue, self.counters, config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender)
+        loop = asyncio.get_running_loop()
+        self._failed = loop.create_future()
+        loop.set_exception_handler(self._on_loop_exception)
         self._reporter.start()
-        waiting = asyncio.get_running_loop().call_later(1.0, self._say_if_unconnected)
+        waiting = loop.call_later(1.0, self._say_if_unconnected)
         self._install_signals()
         try:
-            not_handed = await self._ship()
+            await self._ship()
         finally:
             waiting.cancel()
             self._reader.close()
             self._connections.close()
             self._reporter.stop()
         delivered = await self._close(stream, context)
-        return self._report(not_handed, delivered)
+        return self._report(delivered)
 
     def _watch_connections(self, sock) -> Connections:
         """Monitor the socket's connections before it uses any endpoint."""
@@ -1388,28 +1496,79 @@ class Shipper:
             endpoints = " ".join(self.config.connect + self.config.bind)
             self._reporter.say("no receiver yet (retrying every 1 s):", endpoints)
 
-    async def _ship(self) -> int:
-        """Run reader and sender; after input ends, give them --linger seconds.
-        Returns the events that were read but not handed to ZeroMQ."""
+    async def _ship(self):
+        """Run reader and sender until input ends (EOF, stop signal or failure),
+        then give the sender until the --linger deadline to deliver what was
+        read; then cancel and await every task."""
         if self.config.confirm:
-            reply("OK")
             sender = self._confirm_loop()
+            self._say_ready()
         else:
             sender = self._sender.run()
-        reader_task = asyncio.ensure_future(self._reader.run())
-        sender_task = asyncio.ensure_future(sender)
-        input_ended = asyncio.ensure_future(self._reader.ended.wait())
-        await asyncio.wait([input_ended, sender_task], return_when=asyncio.FIRST_COMPLETED)
-        input_ended.cancel()
+        self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
+                       self._supervise(sender, "sending")]
+        ended = asyncio.get_running_loop().create_task(self._reader.ended.wait())
+        await asyncio.wait([ended, self._failed, *self._tasks],
+                           return_when=asyncio.FIRST_COMPLETED)
         self._deadline = time.monotonic() + self.config.linger
-        done, pending = await asyncio.wait([reader_task, sender_task],
-                                           timeout=self.config.linger)
-        for task in pending:
-            task.cancel()
-        for task in done:
-            if task.exception() is not None:
-                raise task.exception()
-        return self.counters.not_handed()
+        self._reader.stop()
+        try:
+            await self._linger()
+        finally:
+            for task in [ended, *self._tasks]:
+                task.cancel()
+            await asyncio.gather(ended, *self._tasks, return_exceptions=True)
+
+    async def _linger(self):
+        """Wait until every task is done or the deadline passes; stop at once if
+        the sender failed (nothing more can be delivered).  A reader that failed
+        before queuing END gets one queued for it, so the sender ends after what
+        was read."""
+        reader, sender = self._tasks[0], self._tasks[1]
+        ending = False
+        while True:
+            if not ending and failed(reader) and \
+                    not isinstance(reader.exception(), InputError):  # raised after END
+                self._tasks.append(self._supervise(self._queue.put(END), "ending the queue"))
+                ending = True
+            pending = [task for task in self._tasks if not task.done()]
+            left = self._deadline - time.monotonic()
+            if not pending or left <= 0 or failed(sender):
+                return
+            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+
+    def _supervise(self, coroutine, name: str) -> asyncio.Task:
+        """A task whose exception, if any, ends the run (see _fail)."""
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        task.add_done_callback(self._on_task_done)
+        return task
+
+    def _on_task_done(self, task: asyncio.Task):
+        if failed(task):
+            self._fail(f"{task.get_name()} failed: {describe(task.exception())}")
+
+    def _on_loop_exception(self, loop, context: dict):
+        """The loop's exception handler: an exception in any callback ends the run."""
+        exc = context.get("exception")
+        where = context.get("message", "a callback")
+        self._fail(f"{describe(exc)} ({where})" if exc is not None else where)
+
+    def _fail(self, cause: str):
+        """Record the first failure (exit 1) and stop reading; later ones follow from it."""
+        if self._cause is None:
+            self._cause = " ".join(cause.split())
+        self._reader.stop()
+        if not self._failed.done():
+            self._failed.set_result(None)
+
+    def _say_ready(self):
+        """--confirm: "OK" to rsyslog, or stop reading if nobody can read replies."""
+        if self._stdout_closed:
+            warn("stdout was closed at start: nobody can read --confirm replies, "
+                 "reading nothing")
+            self._reader.stop()
+        elif not reply("OK"):
+            self._reader.stop()
 
     async def _confirm_loop(self):
         """--confirm: the sender loop that replies to rsyslog on stdout."""
@@ -1429,8 +1588,7 @@ class Shipper:
 
     async def _close(self, stream, context) -> bool:
         """Close with what is left of --linger.  True if ZeroMQ delivered all it
-        held: its termination returned before the linger ran out.  With
-        --linger 0 nothing is waited for and pending messages are not judged."""
+        held: its termination returned before the linger ran out."""
         import zmq
         remaining = max(0.0, self._deadline - time.monotonic())
         sock = stream.transport.get_extra_info("zmq_socket")
@@ -1444,21 +1602,35 @@ class Shipper:
             sock.close()
         began = time.monotonic()
         await asyncio.get_running_loop().run_in_executor(None, context.term)
-        return self.config.linger == 0 or time.monotonic() - began + 0.01 < remaining
+        return time.monotonic() - began + 0.01 < remaining
 
-    def _report(self, not_handed: int, delivered: bool) -> int:
+    def _report(self, delivered: bool) -> int:
+        """Say what went wrong or was left undelivered, print the closing line;
+        returns the exit code: 1 after a failure, 3 if any line may not have
+        been delivered (not handed over, dropped, still held by ZeroMQ, or
+        not waited for with --linger 0), else 0."""
         counters = self.counters
-        elapsed = (time.perf_counter() - self._started) * 1000
-        code = EXIT_OK
+        not_handed = counters.not_handed()
+        problems = []
         if not_handed > 0:
-            warn(f"{not_handed} messages were not handed to ZeroMQ within "
-                 f"--linger {self.config.linger:g}s (receiver down or too slow)")
-            code = EXIT_UNDELIVERED
-        if not delivered:
-            warn("ZeroMQ still held undelivered messages (at most --sndhwm "
-                 f"{self.config.sndhwm} per receiver) when --linger ran out")
-            code = EXIT_UNDELIVERED
-        closing = (f"Processed {counters.events_handed} messages in {elapsed:.4f}ms. "
+            problems.append(f"{not_handed} messages were not handed to ZeroMQ within "
+                            f"--linger {self.config.linger:g}s (receiver down or too slow)")
+        if self.config.linger == 0:
+            if counters.events_read:
+                problems.append("--linger 0: delivery was not waited for")
+        elif not delivered:
+            problems.append("ZeroMQ still held undelivered messages (at most --sndhwm "
+                            f"{self.config.sndhwm} per receiver) when --linger ran out")
+        if self._cause is not None:
+            more = f" ({not_handed} messages not handed to ZeroMQ)" if not_handed > 0 else ""
+            warn(self._cause + more)
+            code = EXIT_ERROR
+        else:
+            for problem in problems:
+                warn(problem)
+            code = EXIT_UNDELIVERED if problems or counters.events_dropped else EXIT_OK
+        closing = (f"Processed {counters.events_handed} messages in "
+                   f"{(time.perf_counter() - self._started) * 1000:.4f}ms. "
                    f"Tagged with @pid:{os.getpid()}")
         if counters.events_dropped:
             closing += f". Dropped {counters.events_dropped} messages (queue full)"
@@ -1483,6 +1655,20 @@ class Shipper:
         os._exit(EXIT_SIGNAL_BASE + signum)
 
 
+def failed(task: asyncio.Task) -> bool:
+    """True if task ended with an exception (not cancelled, not still running)."""
+    return task.done() and not task.cancelled() and task.exception() is not None
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as a short phrase for one diagnostic line."""
+    if isinstance(exc, InputError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def reply(text: str) -> bool:
     """--confirm: one protocol line on stdout.  False if rsyslog has gone."""
     try:
@@ -1490,6 +1676,24 @@ def reply(text: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def reopen_closed_std_fds() -> set:
+    """Open /dev/null on each of descriptors 0, 1 and 2 that is closed; returns
+    those that were.  Without this the loop or ZeroMQ would get those numbers
+    (uvloop aborts then, and stdout or stderr would be one of their sockets)."""
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    return closed
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -1503,6 +1707,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def main(argv=None) -> int:
     """The command line: returns the exit code (see --help)."""
+    closed = reopen_closed_std_fds()
     try:
         config = parse_options(argv)
     except UsageError as exc:
@@ -1510,9 +1715,14 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(Shipper(config).run())
+        return loop.run_until_complete(Shipper(config, stdout_closed=1 in closed).run())
+    except Exception as exc:  # a failure outside the supervised run: one line, no traceback
+        warn(f"failed: {describe(exc)}")
+        return EXIT_ERROR
     finally:
         loop.close()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop's handlers are gone
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

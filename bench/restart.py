@@ -46,7 +46,7 @@ def free_port() -> int:
 class Outage:
     """One shipment with receiver restarts; run() returns its figures."""
 
-    def __init__(self, args_: list, lines: int, restarts: int, rate: float, kill: bool,
+    def __init__(self, args_: list, *, lines: int, restarts: int, rate: float, kill: bool,
                  tmp: str, bind: bool = False):
         self.args, self.lines, self.restarts, self.rate, self.kill = (
             args_, lines, restarts, rate, kill)
@@ -140,8 +140,8 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for mode, extra in MODES.items():
-            r = Outage(extra, args.lines, args.restarts, args.rate, args.kill, tmp,
-                       args.bind).run()
+            r = Outage(extra, lines=args.lines, restarts=args.restarts, rate=args.rate,
+                       kill=args.kill, tmp=tmp, bind=args.bind).run()
             print(f"| {mode} | {r['lost']:,} | {r['duplicates']:,} | {r['exit']} "
                   f"| {r['disconnects']} | {r['replayed']} |", flush=True)
     return 0

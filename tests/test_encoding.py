@@ -22,7 +22,7 @@ def expected(line: bytes) -> str:
 @settings(max_examples=400, deadline=None)
 @given(lines_st, st.text(max_size=10))
 def test_any_bytes_encode_to_strict_json_with_three_fields_in_order(lines, logtype):
-    encoder = zmqpush.Encoder(logtype, 4242, batch=False)
+    encoder = zmqpush.Encoder(logtype.encode(), 4242, batch=False)
     messages, events = encoder.encode(b"".join(line + b"\n" for line in lines))
     assert len(messages) == len(events) == len(lines) and set(events) <= {1}
     for message, line in zip(messages, lines):
@@ -35,8 +35,8 @@ def test_any_bytes_encode_to_strict_json_with_three_fields_in_order(lines, logty
 @given(lines_st)
 def test_batch_mode_is_one_strict_json_array_of_the_same_events(lines):
     data = b"".join(line + b"\n" for line in lines)
-    single, _ = zmqpush.Encoder("t", 1, batch=False).encode(data)
-    (batch,), (count,) = zmqpush.Encoder("t", 1, batch=True).encode(data)
+    single, _ = zmqpush.Encoder(b"t", 1, batch=False).encode(data)
+    (batch,), (count,) = zmqpush.Encoder(b"t", 1, batch=True).encode(data)
     assert json.loads(batch, strict=True) == [json.loads(m) for m in single]
     assert count == len(lines)
 
@@ -48,8 +48,8 @@ def test_batch_arrays_are_capped_and_carry_every_event_once_in_order(lines, cap,
     an event (hostile bytes included), with and without event ids."""
     data = b"".join(line + b"\n" for line in lines)
     run_id = "r1" if ids else None
-    single, _ = zmqpush.Encoder("t%", 1, batch=False, run_id=run_id).encode(data)
-    arrays, counts = zmqpush.Encoder("t%", 1, batch=True, run_id=run_id,
+    single, _ = zmqpush.Encoder(b"t%", 1, batch=False, run_id=run_id).encode(data)
+    arrays, counts = zmqpush.Encoder(b"t%", 1, batch=True, run_id=run_id,
                                      array_bytes=cap).encode(data)
     docs = [json.loads(a, strict=True) for a in arrays]
     assert [len(d) for d in docs] == counts
@@ -58,7 +58,7 @@ def test_batch_arrays_are_capped_and_carry_every_event_once_in_order(lines, cap,
 
 
 def test_event_ids_run_on_across_chunks_and_follow_the_other_fields():
-    encoder = zmqpush.Encoder("t", 7, batch=False, fields=(("k", "v"),), run_id="abc")
+    encoder = zmqpush.Encoder(b"t", 7, batch=False, fields=((b"k", b"v"),), run_id="abc")
     first, _ = encoder.encode(b"a\nb\n")
     second, _ = encoder.encode(b"c\n", continues=True)
     docs = [json.loads(m) for m in first + second]
@@ -102,7 +102,7 @@ def test_overlong_lines_are_cut_at_character_boundaries():
 
 
 def test_continuation_pieces_are_marked_in_json():
-    encoder = zmqpush.Encoder("t", 1, batch=False)
+    encoder = zmqpush.Encoder(b"t", 1, batch=False)
     (msg,), _ = encoder.encode(b"abc\r\n", strip_cr=False, continues=True)
     assert json.loads(msg) == {"message": "abc\r", "type": "t", "@pid": 1, "@continues": True}
 

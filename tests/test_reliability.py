@@ -246,7 +246,7 @@ def test_when_full_drop_never_blocks_and_counts_every_drop():
         assert not feeder.is_alive() and feeder.written == 200_000, "producer was blocked"
         receiver = Receiver(port)
         proc.stdin.close()
-        assert proc.wait(30) == 0, proc.stderr.read()
+        assert proc.wait(30) == 3, proc.stderr.read()  # lines were dropped
         received = receiver.settle(0.5)
         err = proc.stderr.read().decode()
         dropped = int(err.split("Dropped ")[1].split()[0])
@@ -352,14 +352,14 @@ def test_heartbeat_drops_a_receiver_that_stopped_answering_and_reconnects(tmp_pa
                              "--quiet"], stdout=subprocess.DEVNULL)
     logs, procs = {}, {}
     try:
-        for name, extra in (("heartbeat", ["--heartbeat", "0.2"]), ("none", [])):
+        for name, extra in (("heartbeat", ["--heartbeat", "1"]), ("none", [])):
             logs[name] = tmp_path / f"{name}.err"
             with open(logs[name], "wb") as err:
                 procs[name] = start(["-c", f"tcp://127.0.0.1:{port}", "--stats", "0.1",
                                      "--stats-format", "json", *extra], stderr=err)
         assert all(wait_connected(logs[n], 1, 10) for n in procs)
         os.kill(sink.pid, signal.SIGSTOP)
-        assert wait_connected(logs["heartbeat"], 0, 5), "vanished receiver not noticed"
+        assert wait_connected(logs["heartbeat"], 0, 10), "vanished receiver not noticed"
         assert connected_now(logs["none"]) == 1
         os.kill(sink.pid, signal.SIGCONT)
         assert wait_connected(logs["heartbeat"], 1, 10), "receiver not found again"

@@ -1,0 +1,457 @@
+"""Issue 10: what a hostile user can pass in never hangs, crashes or loses lines silently."""
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT, WATERMARK, cli, closing_count, env_with, run, start, stop_process
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import zmqpush
+
+SIGIGN_USR1_HUP = (1 << (signal.SIGUSR1 - 1)) | (1 << (signal.SIGHUP - 1))
+
+
+def ignored_signals(pid: int) -> int:
+    """The SigIgn mask of a running process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return int(line.split()[1], 16)
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def one_usage_line(proc) -> str:
+    """The single stderr line of a usage error (exit 2, no traceback)."""
+    lines = proc.stderr.decode(errors="replace").splitlines()
+    assert proc.returncode == 2, (proc.returncode, lines)
+    assert len(lines) == 1 and lines[0].startswith("zmqpush: "), lines
+    return lines[0]
+
+
+# -- 7. early signals ------------------------------------------------------------
+
+def test_sighup_and_sigusr1_during_start_up_do_not_kill_it():
+    """From the moment the script runs (it ignores both before its slow imports)
+    until the end, HUP and USR1 (what rsyslog forwards) never kill it."""
+    proc = subprocess.Popen(cli("-c", "tcp://127.0.0.1:9", "--linger", "0"),
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env_with(None))
+    try:
+        deadline = time.monotonic() + 10
+        while ignored_signals(proc.pid) & SIGIGN_USR1_HUP != SIGIGN_USR1_HUP:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.0005)
+        began = time.monotonic()
+        sent = 0
+        while time.monotonic() - began < 0.3:  # start-up, imports and the run itself
+            os.kill(proc.pid, signal.SIGUSR1)
+            os.kill(proc.pid, signal.SIGHUP)
+            sent += 1
+            time.sleep(0.002)
+        assert proc.poll() is None, "killed by an early signal"
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+        assert sent > 10
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+# -- 4. option values ------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["--sndhwm", "3000000000"], ["--heartbeat", "1000000"], ["--heartbeat", "0.001"],
+    ["--linger", "3000000"], ["--linger", "inf"], ["--stats", "1e9"],
+    ["--confirm-timeout", "100000"], ["--confirm-timeout", "nan"],
+    ["--batch", "--batch-bytes", "1000000000000"], ["--batch", "--batch-bytes", "1e23"],
+    ["--max-line-bytes", "3"], ["--max-line-bytes", "0"],
+    ["-c", "inproc://zmqpush"], ["--bind", "inproc://zmqpush"],
+    ["--confirm", "--when-full", "drop"],
+], ids=" ".join)
+def test_out_of_range_values_are_one_line_usage_errors(args):
+    one_usage_line(run(args, b"never read\n", timeout=20))
+
+
+@pytest.mark.parametrize("args", [
+    [b"\xff"], [b"-f", b"key=\xff"], [b"-f", b"\xfe=value"], [b"-c", b"tcp://h\xff:2120"],
+    [b"--bind", b"ipc:///tmp/\xff"],
+], ids=["logtype", "field value", "field key", "connect", "bind"])
+def test_arguments_that_are_not_utf8_are_usage_errors(args):
+    """Without the fix, LOGTYPE made the encoder fail and the run hang."""
+    argv = [os.fsdecode(a) for a in args]
+    line = one_usage_line(run(argv, b"hi\n", timeout=20))
+    assert "not valid UTF-8" in line
+
+
+@pytest.mark.parametrize("name", ["ZMQPUSH_LOGTYPE", "ZMQPUSH_FIELD", "ZMQPUSH_CONNECT",
+                                  "ZMQPUSH_LINGER"])
+def test_environment_values_that_are_not_utf8_are_usage_errors(name):
+    env = env_with(None)
+    env_bytes = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+    env_bytes[name.encode()] = b"k=\xff" if name == "ZMQPUSH_FIELD" else b"x\xff"
+    proc = subprocess.run(cli(), input=b"hi\n", env=env_bytes, capture_output=True,
+                          timeout=20)
+    assert name in one_usage_line(proc)
+
+
+# -- 6. --max-line-bytes -----------------------------------------------------------
+
+def framed_messages(chunks: list, limit: int) -> list:
+    """(message bytes, continues) for each message the framer makes of chunks,
+    as the encoder will send it (one CR before a newline stripped where asked)."""
+    framer = zmqpush.LineFramer(limit)
+    segments = [s for chunk in chunks for s in framer.feed(chunk)] + framer.finish()
+    out = []
+    for seg in segments:
+        lines = seg.lines.replace(b"\r\n", b"\n") if seg.strip_cr else seg.lines
+        out += [(line, seg.continues) for line in lines.split(b"\n")[:-1]]
+    return out
+
+
+def expected_lines(data: bytes) -> list:
+    """The lines of data as zmqpush defines them: one CR before a newline is not
+    part of a line; a last line without newline is kept as it is."""
+    *complete, last = data.split(b"\n")
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in complete]
+    return [*lines, last] if last else lines
+
+
+def joined(messages: list) -> list:
+    """Lines rebuilt by concatenating pieces until one lacks "@continues"."""
+    lines, current = [], b""
+    for message, continues in messages:
+        current += message
+        if not continues:
+            lines.append(current)
+            current = b""
+    assert current == b"", "the last piece is marked as continued"
+    return lines
+
+
+def chunked(data: bytes, cuts: list) -> list:
+    """data cut at the given offsets (as reads of any size would give it)."""
+    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+TEXT = st.text(alphabet=st.sampled_from("ab\r\n\t é€😀\u0800\U00010000"), max_size=80)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=120).map(lambda b: b.replace(b"\x00", b"\n")),
+       st.lists(st.integers(0, 200), max_size=6), st.integers(4, 12))
+def test_framer_pieces_never_exceed_the_limit_and_join_back_to_the_bytes(data, cuts, limit):
+    messages = framed_messages(chunked(data, cuts), limit)
+    assert all(len(message) <= limit for message, _ in messages)
+    assert joined(messages) == expected_lines(data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(TEXT, st.lists(st.integers(0, 400), max_size=6), st.integers(4, 12))
+def test_framer_pieces_of_utf8_each_decode_and_join_to_the_same_text(text, cuts, limit):
+    data = text.encode("utf-8")
+    messages = framed_messages(chunked(data, cuts), limit)
+    assert all(len(message) <= limit for message, _ in messages)
+    decoded = [(message.decode("utf-8"), continues) for message, continues in messages]
+    rebuilt, current = [], ""
+    for piece, continues in decoded:
+        current += piece
+        if not continues:
+            rebuilt.append(current)
+            current = ""
+    assert rebuilt == [line.decode("utf-8") for line in expected_lines(data)]
+
+
+def test_a_line_one_byte_over_the_limit_is_split(receiver):
+    proc = run(["-c", receiver.endpoint, "--max-line-bytes", "4"], b"abcde\n")
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(2, 10) == 2
+    events = receiver.events()
+    assert [e["message"] for e in events] == ["abcd", "e"]
+    assert events[0]["@continues"] is True and "@continues" not in events[1]
+
+
+def test_the_smallest_limit_keeps_every_character(receiver):
+    """4 bytes hold any one UTF-8 character: pieces are cut between characters."""
+    proc = run(["-c", receiver.endpoint, "--max-line-bytes", "4"], "€€😀a\r\n".encode())
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(4, 10) == 4
+    assert receiver.messages() == ["€", "€", "😀", "a"]
+
+
+# -- 1. supervision: a failing task ends the run -------------------------------------
+
+def no_traceback(proc_stderr: bytes) -> list:
+    """stderr's lines, after checking that none belongs to a traceback."""
+    text = proc_stderr.decode(errors="replace")
+    assert "Traceback" not in text and "never retrieved" not in text, text
+    return text.splitlines()
+
+
+def test_stdin_opened_write_only_ends_the_run_with_exit_1_and_one_line(tmp_path):
+    """Before the fix the reader's EBADF left the run waiting forever."""
+    with open(tmp_path / "f", "wb") as write_only:
+        proc = run(["-c", "tcp://127.0.0.1:9", "-q", "--linger", "1"], stdin=write_only,
+                   timeout=20)
+    assert proc.returncode == 1
+    lines = no_traceback(proc.stderr)
+    assert lines[0] == "zmqpush: reading stdin failed: Bad file descriptor", lines
+    assert lines[1].startswith("Processed 0 messages") and len(lines) == 2
+
+
+def test_stdin_socket_reset_by_its_peer_delivers_what_was_read_and_exits_1(receiver):
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        peer = socket.create_connection(server.getsockname())
+        stdin, _ = server.accept()
+    try:
+        proc = start(["-c", receiver.endpoint, "-q", "--linger", "2"], stdin=stdin)
+        peer.sendall(b"".join(b"before reset %d\n" % i for i in range(100)))
+        assert receiver.wait_for(100, 20) == 100
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()  # with linger 0: RST
+        assert proc.wait(20) == 1
+        lines = no_traceback(proc.stderr.read())
+        assert lines[0] == "zmqpush: reading stdin failed: Connection reset by peer", lines
+        assert receiver.messages() == [f"before reset {i}" for i in range(100)]
+    finally:
+        stdin.close()
+        stop_process(proc)
+
+
+FAILING_CALLBACK = """
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+import zmqpush
+def broken(self):
+    raise RuntimeError("boom")
+zmqpush.Reporter.print_stats = broken
+sys.exit(zmqpush.main(sys.argv[1:]))
+"""
+
+FAILING_ENCODER = """
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+import zmqpush
+encode = zmqpush.Encoder.encode
+def encode_once(self, lines, *args):
+    if b"fail" in lines:
+        raise ValueError("cannot encode")
+    return encode(self, lines, *args)
+zmqpush.Encoder.encode = encode_once
+sys.exit(zmqpush.main(sys.argv[1:]))
+"""
+
+
+def start_patched(script: str, args: list) -> subprocess.Popen:
+    """zmqpush.main() with a part replaced by script, stdin a pipe."""
+    return subprocess.Popen([sys.executable, "-c", script, str(ROOT), *args],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env_with(None))
+
+
+def test_an_exception_in_a_loop_callback_ends_the_run_with_exit_1(receiver):
+    """A --stats timer that raises goes to the loop's exception handler: the run
+    ends as at EOF (what was read is delivered) and says why in one line."""
+    proc = start_patched(FAILING_CALLBACK, ["-c", receiver.endpoint, "-q", "--stats", "0.5"])
+    try:
+        proc.stdin.write(b"one\ntwo\n")
+        proc.stdin.flush()
+        assert proc.wait(20) == 1  # stdin is still open: only the failure ends it
+        lines = no_traceback(proc.stderr.read())
+        assert lines[0].startswith("zmqpush: RuntimeError: boom ("), lines
+        assert len(lines) == 2 and lines[1].startswith("Processed 2 messages")
+        assert receiver.messages() == ["one", "two"]
+    finally:
+        stop_process(proc)
+
+
+def test_a_failing_reader_task_still_delivers_what_it_queued(receiver):
+    proc = start_patched(FAILING_ENCODER, ["-c", receiver.endpoint, "-q"])
+    try:
+        proc.stdin.write(b"first\n")
+        proc.stdin.flush()
+        assert receiver.wait_for(1, 20) == 1
+        proc.stdin.write(b"fail\n")
+        proc.stdin.flush()
+        assert proc.wait(20) == 1
+        lines = no_traceback(proc.stderr.read())
+        assert lines[0] == "zmqpush: reading stdin failed: ValueError: cannot encode", lines
+        assert receiver.messages() == ["first"]
+    finally:
+        stop_process(proc)
+
+
+# -- 2. closed standard descriptors -----------------------------------------------------
+
+def closing(fd: int):
+    """A preexec_fn that closes fd in the child, as `N>&-` does in a shell."""
+    return lambda: os.close(fd)
+
+
+@pytest.mark.parametrize(("fd", "extra"), [(2, []), (1, []), (1, ["--confirm"])],
+                         ids=["2>&-", ">&-", "--confirm >&-"])
+def test_closed_stdout_or_stderr_never_aborts(receiver, fd, extra):
+    data = b"".join(b"%d\n" % i for i in range(1000))
+    proc = subprocess.run(cli("-c", receiver.endpoint, *extra), input=data,
+                          capture_output=True, timeout=30, env=env_with(None),
+                          preexec_fn=closing(fd))
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    if extra:  # nobody can read the replies: nothing is read, so nothing is lost
+        assert receiver.settle(0.3) == 0
+    else:
+        assert receiver.wait_for(1000, 20) == 1000
+
+
+def test_closed_stdin_reads_as_empty_input(receiver):
+    proc = subprocess.run(cli("-c", receiver.endpoint), capture_output=True, timeout=30,
+                          env=env_with(None), stdin=subprocess.DEVNULL,
+                          preexec_fn=closing(0))
+    assert proc.returncode == 0, proc.stderr
+    assert closing_count(proc.stderr) == 0
+
+
+def test_watermark_tool_with_stdout_closed_or_broken_exits_1_without_traceback():
+    closed = subprocess.run([sys.executable, WATERMARK, "--json"], capture_output=True,
+                            timeout=20, preexec_fn=closing(1))
+    assert closed.returncode == 1
+    lines = no_traceback(closed.stderr)
+    assert len(lines) == 1 and lines[0].startswith("zmqpush: "), lines
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like `| head -c0`
+    try:
+        broken = subprocess.run([sys.executable, WATERMARK, "--json"], stdout=write_end,
+                                stderr=subprocess.PIPE, timeout=20)
+    finally:
+        os.close(write_end)
+    assert broken.returncode == 1 and broken.stderr == b""
+
+
+@pytest.mark.parametrize("args", [["--sndhwm", "0"], ["-c", "tcp://127.0.0.1:*"],
+                                  ["-c", "ipc:///tmp/" + "x" * 200]],
+                         ids=["bad value", "refused by ZeroMQ", "ipc path too long"])
+def test_watermark_tool_usage_errors_exit_2_like_zmqpush(args):
+    tool = subprocess.run([sys.executable, WATERMARK, *args], capture_output=True,
+                          timeout=20)
+    shipper = run(args, b"x\n", timeout=20)
+    assert tool.returncode == shipper.returncode == 2, (tool.stderr, shipper.stderr)
+    assert len(no_traceback(tool.stderr)) == 1 and len(no_traceback(shipper.stderr)) == 1
+
+
+# -- 3. drop mode -----------------------------------------------------------------------
+
+def test_drop_mode_reads_a_regular_file_with_policy_block(receiver, tmp_path):
+    """Nothing upstream waits on a file: dropping would only lose lines."""
+    path = tmp_path / "in.log"
+    path.write_bytes(b"".join(b"file line %d\n" % i for i in range(200_000)))
+    with open(path, "rb") as f:
+        proc = run(["-c", receiver.endpoint, "--when-full", "drop", "--queue-bytes", "10000"],
+                   stdin=f, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert b"Dropped" not in proc.stderr
+    assert receiver.wait_for(200_000, 60) == 200_000
+    assert closing_count(proc.stderr) == 200_000
+
+
+def test_drop_mode_on_dev_zero_still_answers_signals_and_stats():
+    """/dev/zero never blocks: the reader must yield for --stats, SIGUSR1 and SIGTERM."""
+    with open("/dev/zero", "rb") as zero:
+        proc = start(["-c", "tcp://127.0.0.1:9", "-q", "--when-full", "drop", "--linger", "1",
+                      "--stats", "0.2", "--max-line-bytes", "1000"], stdin=zero)
+    try:
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(15) == 3  # read, not delivered: the receiver is down
+        lines = no_traceback(proc.stderr.read())
+        assert sum(line.startswith("zmqpush: read=") for line in lines) >= 3, lines
+        assert not any("dropped=0" not in line for line in lines
+                       if line.startswith("zmqpush: read="))
+    finally:
+        stop_process(proc)
+
+
+def test_drops_make_the_exit_code_3():
+    """--when-full drop from a pipe with the receiver down: lines are dropped, exit 3."""
+    proc = run(["-c", "tcp://127.0.0.1:9", "-q", "--when-full", "drop", "--queue-bytes", "1000",
+                "--linger", "0.5"], b"".join(b"%d\n" % i for i in range(50_000)), timeout=30)
+    assert proc.returncode == 3
+    assert b"Dropped " in proc.stderr
+
+
+# -- 4. option values that must do what they say ---------------------------------------
+
+def test_confirm_timeout_0_accepts_what_zeromq_takes_at_once(receiver):
+    """Before the fix every line was refused: wait_for(..., 0) never ran the flush."""
+    proc = start(["-c", receiver.endpoint, "--confirm", "--confirm-timeout", "0"])
+    try:
+        assert proc.stdout.readline() == b"OK\n"
+        # With no receiver connected yet ZeroMQ (IMMEDIATE=1) would refuse at once.
+        assert proc.stderr.readline().startswith(b"zmqpush: receiver connected")
+        proc.stdin.write(b"a\nb\nc\n")
+        proc.stdin.close()
+        assert proc.wait(20) == 0, proc.stderr.read()
+        assert proc.stdout.read() == b"OK\n" * 3
+        assert receiver.wait_for(3, 10) == 3
+    finally:
+        stop_process(proc)
+
+
+@pytest.mark.parametrize("extra", [[], ["--confirm"]], ids=["plain", "confirm"])
+def test_linger_0_ends_at_once_and_exits_3_since_delivery_was_not_awaited(receiver, extra):
+    proc = run(["-c", receiver.endpoint, "--linger", "0", *extra],
+               b"".join(b"%d\n" % i for i in range(1000)), timeout=20)
+    assert proc.returncode == 3
+    lines = no_traceback(proc.stderr)
+    assert "zmqpush: --linger 0: delivery was not waited for" in lines
+
+
+def test_linger_0_with_nothing_read_exits_0(receiver):
+    assert run(["-c", receiver.endpoint, "--linger", "0"], b"", timeout=20).returncode == 0
+
+
+def test_ipc_path_too_long_is_a_usage_error():
+    line = one_usage_line(run(["-c", "ipc:///tmp/" + "x" * 200], b"x\n", timeout=20))
+    assert "cannot use endpoint" in line
+
+
+def ipv6_pull(endpoint: str, bind: bool):
+    import zmq
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock.setsockopt(zmq.IPV6, 1)
+    sock.setsockopt(zmq.LINGER, 0)
+    (sock.bind if bind else sock.connect)(endpoint)
+    return sock
+
+
+@pytest.mark.parametrize("mode", ["--connect", "--bind"])
+def test_ipv6_loopback_works_to_connect_and_to_bind(mode):
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"tcp://[::1]:{port}"
+    sock = ipv6_pull(endpoint, bind=mode == "--connect")
+    proc = start([mode, endpoint, "-q"])
+    try:
+        proc.stdin.write(b"over ipv6\n")
+        proc.stdin.close()
+        assert sock.poll(10_000), "nothing arrived over IPv6"
+        assert json.loads(sock.recv())["message"] == "over ipv6"
+        assert proc.wait(10) == 0, proc.stderr.read()
+    finally:
+        sock.close()
+        stop_process(proc)
