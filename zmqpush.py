@@ -926,7 +926,9 @@ def configure_socket(sock, config: Config):
     import zmq
     sock.setsockopt(zmq.SNDHWM, config.sndhwm)
     sock.setsockopt(zmq.LINGER, -1)
-    sock.setsockopt(zmq.IMMEDIATE, 1 if config.confirm else 0)
+    # Queue only for connected receivers when something can replace a queue that
+    # dies with its connection: rsyslog (--confirm) or the replay window.
+    sock.setsockopt(zmq.IMMEDIATE, 1 if config.confirm or config.replay_bytes else 0)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     if config.replay_bytes:
@@ -1059,7 +1061,7 @@ class Sender:
             await self.send(batch)
         while not self._queue.empty():
             await self.send(self._queue.get_nowait())
-        await self._flush_transport()
+        await self.flush()
 
     async def next_batch(self):
         """The next Batch (or END) from the queue.  While it waits on an empty
@@ -1091,7 +1093,7 @@ class Sender:
             self._handed = sent
             if sent < len(messages):
                 spilled = self._spill(messages, events, sent, batch.replayed)
-                await self._flush_transport()
+                await self.flush()
                 self._handed = spilled
         self._current = None
         self.window.add(batch)
@@ -1136,7 +1138,7 @@ class Sender:
                 break
         return index
 
-    async def _flush_transport(self):
+    async def flush(self):
         """Wait until aiozmq has handed its whole buffer to ZeroMQ."""
         if self._transport.get_write_buffer_size():
             self._counters.drain_waits += 1
@@ -1220,7 +1222,7 @@ class Sender:
             self._settle()
             return True
         try:
-            await asyncio.wait_for(self._flush_transport(), timeout)
+            await asyncio.wait_for(self.flush(), timeout)
         except asyncio.TimeoutError:
             self._settle()
             return False
@@ -1575,6 +1577,7 @@ class Shipper:
         while True:
             batch = await self._sender.next_batch()
             if batch is END:
+                await self._sender.flush()
                 return
             if batch.replayed:
                 self._sender.spill_replay(batch)
@@ -1634,6 +1637,9 @@ class Shipper:
                    f"Tagged with @pid:{os.getpid()}")
         if counters.events_dropped:
             closing += f". Dropped {counters.events_dropped} messages (queue full)"
+        if counters.disconnects:
+            closing += (f". Replayed {counters.events_replayed} messages after "
+                        f"{counters.disconnects} receiver disconnects")
         write_stderr(closing + "\n")
         return code
 

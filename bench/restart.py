@@ -9,7 +9,9 @@ per mode, the lines that never arrived, the duplicates, zmqpush's exit code and
 its replay counters.  Every loop is bounded in time.
 """
 import argparse
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,11 +55,14 @@ class Outage:
         self.out = os.path.join(tmp, f"received-{time.monotonic_ns()}.txt")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.bind = bind
+        self.ids = "--event-id" in args_
+        self.stderr = ""
 
     def receiver(self) -> subprocess.Popen:
         where = ["--connect" if self.bind else "--bind", self.endpoint]
+        ids = ["--ids"] if self.ids else []
         return subprocess.Popen([sys.executable, RECEIVER, *where, "--rate", str(self.rate),
-                                 "--out", self.out], stdout=subprocess.DEVNULL)
+                                 "--out", self.out, *ids], stdout=subprocess.DEVNULL)
 
     def received_count(self) -> int:
         try:
@@ -70,7 +75,7 @@ class Outage:
         receiver = self.receiver()
         where = ["--bind" if self.bind else "-c", self.endpoint]
         shipper = subprocess.Popen([sys.executable, ZMQPUSH, "-q", *where, "--linger", "10",
-                                    "--stats", "3600", *self.args],
+                                    *self.args],
                                    stdin=subprocess.PIPE, stderr=subprocess.PIPE)
         feeder = threading.Thread(target=self._feed, args=(shipper,), daemon=True)
         feeder.start()
@@ -82,7 +87,6 @@ class Outage:
                 time.sleep(0.3)
                 receiver = self.receiver()
             feeder.join(120)
-            os.kill(shipper.pid, signal.SIGUSR1)
             code = shipper.wait(60)
             self._wait_quiet(1.0, 60)
         finally:
@@ -90,7 +94,8 @@ class Outage:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait(10)
-        return self._figures(code, shipper.stderr.read().decode())
+        self.stderr = shipper.stderr.read().decode()
+        return self._figures(code)
 
     def _feed(self, shipper):
         try:
@@ -114,11 +119,22 @@ class Outage:
                 return
             time.sleep(0.05)
 
-    def _figures(self, code: int, stderr: str) -> dict:
-        with open(self.out, "rb") as f:
-            seen = Counter(int(line.split(b" ", 1)[0]) for line in f.read().splitlines())
-        stats = next((line for line in stderr.splitlines() if "replayed=" in line), "")
-        values = dict(kv.split("=", 1) for kv in stats.split()[1:] if "=" in kv)
+    def received(self) -> list:
+        """(event id or None, line number) per event received, in order."""
+        with open(self.out, encoding="utf-8") as f:
+            rows = [json.loads(line) if self.ids else [None, line] for line in f]
+        return [(event_id, int(message.split(" ", 1)[0])) for event_id, message in rows]
+
+    def counters(self) -> dict:
+        """Replayed messages and disconnects from zmqpush's closing line."""
+        found = re.search(r"Replayed (\d+) messages after (\d+) receiver disconnects",
+                          self.stderr)
+        return {"replayed": int(found[1]), "disconnects": int(found[2])} if found else \
+            {"replayed": 0, "disconnects": 0}
+
+    def _figures(self, code: int) -> dict:
+        seen = Counter(number for _, number in self.received())
+        values = self.counters()
         return {"lost": sum(1 for i in range(self.lines) if i not in seen),
                 "duplicates": sum(seen.values()) - len(seen), "exit": code,
                 "disconnects": values.get("disconnects", "?"),

@@ -1,0 +1,167 @@
+"""Issue 11: a receiver restart loses nothing (replay window), duplicates are bounded
+and recognisable.  Receivers are set up like logstash-input-zeromq's socket
+(bench/stock_input.py: LINGER 1, RCVHWM 1000, consuming slower than zmqpush sends)."""
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from rsyslog import PrivateRsyslog, available
+from test_rsyslog import binary, confirm_rules
+
+from conftest import ROOT, Receiver, free_port, start, stop_process
+
+sys.path.insert(0, str(ROOT / "bench"))
+from restart import RECEIVER, Outage, numbered_lines
+
+WINDOW = 16 << 20
+# The smallest cost the window counts for one of numbered_lines' events:
+# a 60-byte message plus MESSAGE_OVERHEAD.
+SMALLEST_EVENT = 60 + 80
+
+
+def check_ids(received: list):
+    """Every copy of a line carries the same id, and different lines different ids."""
+    ids_of = collections.defaultdict(set)
+    for event_id, number in received:
+        ids_of[number].add(event_id)
+    assert all(len(ids) == 1 and None not in ids for ids in ids_of.values())
+    assert len({ids.pop() for ids in ids_of.values()}) == len(ids_of)
+
+
+@pytest.mark.parametrize("mode,kill,ids", [
+    ([], False, True), (["--batch"], False, False),
+    ([], True, False), (["--batch"], True, True),
+], ids=["default-term-ids", "batch-term", "default-kill", "batch-kill-ids"])
+def test_stock_receiver_restarted_3_times_under_load_every_line_arrives(
+        tmp_path, mode, kill, ids):
+    outage = Outage(mode + (["--event-id"] if ids else []), lines=300_000, restarts=3,
+                    rate=60_000, kill=kill, tmp=str(tmp_path))
+    figures = outage.run()
+    assert figures["lost"] == 0, (figures, outage.stderr)
+    assert figures["exit"] == 0, outage.stderr
+    assert figures["disconnects"] == 3
+    # Duplicates come only from replays, and each replay is at most the window.
+    assert figures["duplicates"] <= figures["replayed"] <= 3 * WINDOW // SMALLEST_EVENT
+    if ids:
+        check_ids(outage.received())
+
+
+def stock_receiver(endpoint: str, out) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, RECEIVER, "--bind", endpoint, "--rate", "60000",
+                             "--out", str(out)], stdout=subprocess.DEVNULL)
+
+
+def lines_in(path) -> list:
+    with open(path, encoding="utf-8") as f:
+        return [int(line.split(" ", 1)[0]) for line in f]
+
+
+def wait_lines(path, count: int, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and len(lines_in(path)) >= count:
+            break
+        time.sleep(0.05)
+    return len(lines_in(path)) if os.path.exists(path) else 0
+
+
+def test_restart_after_the_receiver_took_everything_and_2s_quiet_replays_nothing(tmp_path):
+    """The bound chosen: a sender idle for 1 s or more replays nothing."""
+    endpoint, out = f"tcp://127.0.0.1:{free_port()}", tmp_path / "got.txt"
+    receiver = stock_receiver(endpoint, out)
+    proc = start(["-c", endpoint])
+    data = numbered_lines(20_000)
+    half = data.index(b"\n10000 ") + 1
+    try:
+        proc.stdin.write(data[:half])
+        proc.stdin.flush()
+        assert wait_lines(out, 10_000) == 10_000
+        time.sleep(2)
+        receiver.send_signal(signal.SIGTERM)
+        receiver.wait(10)
+        receiver = stock_receiver(endpoint, out)
+        proc.stdin.write(data[half:])
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+        assert wait_lines(out, 20_000) == 20_000
+        time.sleep(0.5)
+        assert sorted(lines_in(out)) == list(range(20_000))  # no duplicate at all
+        assert b"Replayed 0 messages after 1 receiver disconnects" in proc.stderr.read()
+    finally:
+        stop_process(proc)
+        stop_process(receiver)
+
+
+def test_two_receivers_one_restarted_under_load_every_line_arrives(tmp_path):
+    other, other_out = f"tcp://127.0.0.1:{free_port()}", tmp_path / "other.txt"
+    steady = stock_receiver(other, other_out)
+    try:
+        outage = Outage(["-c", other], lines=200_000, restarts=1, rate=60_000, kill=False,
+                        tmp=str(tmp_path))
+        figures = outage.run()
+        assert figures["exit"] == 0 and figures["disconnects"] == 1, outage.stderr
+        time.sleep(0.5)
+        got = {n for _, n in outage.received()} | set(lines_in(other_out))
+        assert got == set(range(200_000)), f"{200_000 - len(got)} lines lost"
+    finally:
+        stop_process(steady)
+
+
+def test_bind_mode_with_a_connecting_receiver_restarted_under_load_loses_nothing(tmp_path):
+    """A bound PUSH socket discards the queue of a peer that disconnects: the
+    window covers that too."""
+    outage = Outage([], lines=200_000, restarts=2, rate=60_000, kill=False,
+                    tmp=str(tmp_path), bind=True)
+    figures = outage.run()
+    assert figures["lost"] == 0, (figures, outage.stderr)
+    assert figures["exit"] == 0 and figures["disconnects"] == 2, outage.stderr
+
+
+def test_replay_off_is_at_most_once_and_says_so(tmp_path):
+    """--replay-bytes 0: the original behaviour, so this setup does lose lines."""
+    outage = Outage(["--replay-bytes", "0"], lines=100_000, restarts=1, rate=60_000,
+                    kill=False, tmp=str(tmp_path))
+    figures = outage.run()
+    assert figures["lost"] > 0 and figures["duplicates"] == 0
+    assert "Replayed 0 messages after 1 receiver disconnects" in outage.stderr
+
+
+def test_confirm_mode_under_rsyslogd_with_receiver_restarted_mid_flow(tmp_path):
+    assert available(), "rsyslogd is not installed: .ci/run installs Debian's rsyslog"
+    port = free_port()
+    rules = confirm_rules(binary("--confirm", "-c", f"tcp://127.0.0.1:{port}"), tmp_path)
+    rs = PrivateRsyslog(tmp_path, rules=rules)
+    receiver = Receiver(port)
+    try:
+        rs.start()
+        messages = [f"confirmed {i}" for i in range(20_000)]
+        rs.send(messages)
+        receiver.wait_for(5_000, 60)
+        receiver.stop()
+        first = receiver.messages()
+        time.sleep(0.5)
+        receiver = Receiver(port)
+        receiver.wait_for(len(messages) - len(first), 90)
+        receiver.settle(1.5)
+        got = set(first) | set(receiver.messages())
+        assert got == set(messages), f"lost {sorted(set(messages) - got)[:5]}"
+    finally:
+        rs.stop()
+        receiver.stop()
+
+
+def test_event_ids_are_a_run_id_and_a_sequence_in_metadata(receiver):
+    proc = start(["-c", receiver.endpoint, "--event-id"])
+    proc.stdin.write(b"a\nb\n")
+    proc.stdin.close()
+    assert proc.wait(10) == 0
+    receiver.wait_for(2)
+    first, second = (json.loads(f) for f in receiver.frames)
+    assert list(first) == ["message", "type", "@pid", "@metadata"]
+    run_id, seq = first["@metadata"]["_id"].rsplit("-", 1)
+    assert seq == "0" and second["@metadata"]["_id"] == f"{run_id}-1"
