@@ -45,7 +45,7 @@ DEFAULT_SNDHWM = 1000
 # In --batch mode a message is a whole read: SNDHWM defaults to this many bytes of them.
 BATCH_ZMQ_BYTES = 16 << 20
 DEFAULT_QUEUE_BYTES = 4 << 20
-DEFAULT_MAX_LINE_BYTES = 1 << 20
+DEFAULT_MAX_LINE_BYTES = 64 << 10
 DEFAULT_READ_BYTES = 256 << 10
 DEFAULT_CONFIRM_TIMEOUT = 2.0
 # aiozmq transport (high, low): the sender spills into it until it passes low, so
@@ -855,11 +855,11 @@ class StdinReader:
         return b""
 
     async def _hand_over(self, segments: list, nread: int):
-        """Encode segments into one Batch and queue it (or drop it when full)."""
+        """Encode segments and queue them as Batches of about ENCODE_LINES
+        lines at most (or drop them when the queue is full)."""
         self._counters.bytes_read += nread
-        if not segments:
-            return
         messages, events, ends = [], [], []
+        lines = 0
         for seg in bounded_segments(segments, ENCODE_LINES):
             encoded, counts = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
                                                    self._read_at)
@@ -867,8 +867,16 @@ class StdinReader:
             events += counts
             ends += [True] * (len(encoded) - 1) + [not seg.continues]
             self._counters.pieces += seg.continues
-        batch = batch_of(messages, events, ends)
-        nevents = sum(events)
+            lines += sum(counts)
+            if lines >= ENCODE_LINES:
+                await self._queue_batch(batch_of(messages, events, ends))
+                messages, events, ends = [], [], []
+                lines = 0
+        if messages:
+            await self._queue_batch(batch_of(messages, events, ends))
+
+    async def _queue_batch(self, batch: Batch):
+        nevents = sum(batch.events)
         self._counters.events_read += nevents
         if self._drop and self._queue.full():
             self._counters.events_dropped += nevents
@@ -876,8 +884,8 @@ class StdinReader:
         await self._queue.put(batch)
 
 
-# Lines encoded in one go at most: a read of empty lines would otherwise
-# become a quarter of a million messages at once.
+# Lines encoded, and messages queued, in one go at most: a read of empty lines
+# would otherwise become a quarter of a million messages at once.
 ENCODE_LINES = 4096
 
 
@@ -1591,7 +1599,8 @@ class Shipper:
 
     async def _close(self, stream, context) -> bool:
         """Close with what is left of --linger.  True if ZeroMQ delivered all it
-        held: its termination returned before the linger ran out."""
+        held: its termination returned before the linger ran out, or it was
+        never given anything."""
         import zmq
         remaining = max(0.0, self._deadline - time.monotonic())
         sock = stream.transport.get_extra_info("zmq_socket")
@@ -1605,7 +1614,8 @@ class Shipper:
             sock.close()
         began = time.monotonic()
         await asyncio.get_running_loop().run_in_executor(None, context.term)
-        return time.monotonic() - began + 0.01 < remaining
+        handed = self.counters.events_handed + self.counters.events_replayed
+        return not handed or time.monotonic() - began + 0.01 < remaining
 
     def _report(self, delivered: bool) -> int:
         """Say what went wrong or was left undelivered, print the closing line;

@@ -305,10 +305,11 @@ def test_two_million_lines_with_receiver_down_stay_under_64_mib_then_all_arrive(
 
 
 def test_100_mb_without_newline_is_split_not_lost_and_memory_bounded(receiver):
-    """Memory: queue (8 MiB) + transport (64 KiB) + SNDHWM x piece size (README)."""
+    """1 MiB pieces at the default --sndhwm 1000: zmqpush lowers SNDHWM so that
+    ZeroMQ holds about 4 MiB of them (README "Flow control and memory")."""
     block = ("x" * 1000 + "é€😀\r").encode()
     total = 100 * MIB // len(block)
-    proc = start(["-c", receiver.endpoint, "--sndhwm", "16"])
+    proc = start(["-c", receiver.endpoint, "--max-line-bytes", str(MIB)])
     try:
         for _ in range(total // 100):
             proc.stdin.write(block * 100)
