@@ -255,25 +255,37 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
     return defaults
 
 
-RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp")
+# Keys zmqpush writes itself, or that Logstash gives a meaning: "@metadata" must
+# be an object and "event" (ECS v8: [event][original]) too, or the whole frame
+# becomes one _jsonparsefailure event; "tags" must be a list, "@version" is
+# Logstash's; "host" belongs to --host-field (README "Logstash").
+RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp",
+                   "@metadata", "@version", "event", "tags", "host")
 
 
 def extra_fields(specs: list, host_field: bool) -> tuple:
-    """(key, value) pairs from -f KEY=VALUE and --host-field; UsageError if a key is
-    empty, reserved, or given twice."""
+    """(key, value) pairs from --host-field, then -f KEY=VALUE; UsageError if a
+    spec has no "=" or its key is refused by check_field_key."""
     fields = [("host", socket.gethostname())] if host_field else []
     for spec in specs:
         key, sep, value = spec.partition("=")
         if not sep or not key:
             raise UsageError(f"bad field {spec!r} (expected KEY=VALUE)")
+        check_field_key(key, fields)
         fields.append((key, value))
-    keys = [key for key, _ in fields]
-    for key in keys:
-        if key in RESERVED_FIELDS:
-            raise UsageError(f"field {key!r} is reserved")
-        if keys.count(key) > 1:
-            raise UsageError(f"field {key!r} given twice")
     return tuple(fields)
+
+
+def check_field_key(key: str, fields: list):
+    """UsageError if key is reserved, holds "[" or "]" (the Logstash Event keeps
+    such a key as it is, but no field reference can name it), or is in fields."""
+    if key in RESERVED_FIELDS:
+        raise UsageError(f"field {key!r} is reserved (reserved: {', '.join(RESERVED_FIELDS)})")
+    if "[" in key or "]" in key:
+        raise UsageError(f"field {key!r} holds [ or ]: no Logstash field reference "
+                         "can name it")
+    if any(key == other for other, _ in fields):
+        raise UsageError(f"field {key!r} given twice")
 
 
 def check_endpoint(endpoint: str) -> str:

@@ -64,10 +64,36 @@ def test_bad_field_specs_are_refused():
                        (["-f", "message=x"], "reserved"), (["-f", "@pid=1"], "reserved"),
                        (["-f", "type=x"], "reserved"), (["-f", "@timestamp=x"], "reserved"),
                        (["-f", "a=1", "-f", "a=2"], "twice"),
-                       (["--host-field", "-f", "host=h"], "twice")):
+                       (["--host-field", "-f", "host=h"], "reserved")):
         proc = run(args, b"x\n", timeout=10)
         assert proc.returncode == 2, args
         assert word in proc.stderr.decode() and len(proc.stderr.splitlines()) == 1
+
+
+def test_keys_logstash_gives_a_meaning_are_refused_in_one_line():
+    """@metadata or event (ECS v8) as a string would make every frame one
+    _jsonparsefailure event; tags, @version and host have Logstash meanings;
+    no Logstash field reference can name a key holding [ or ]."""
+    for key in ("@metadata", "event", "tags", "@version", "host"):
+        proc = run(["-f", f"{key}=x"], b"x\n", timeout=10)
+        assert proc.returncode == 2, key
+        assert proc.stderr.decode().startswith(f"zmqpush: field '{key}' is reserved")
+        assert len(proc.stderr.splitlines()) == 1
+    for key in ("a[b]", "[a]", "a]", "["):
+        proc = run(["-f", f"{key}=x"], b"x\n", timeout=10)
+        assert proc.returncode == 2, key
+        assert b"[ or ]" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    env = run([], b"x\n", timeout=10, env={"ZMQPUSH_FIELD": "ok=1,tags=x"})
+    assert env.returncode == 2 and b"'tags' is reserved" in env.stderr
+
+
+def test_keys_near_reserved_ones_are_accepted(receiver):
+    proc = run(["-c", receiver.endpoint, "-f", "hostname=h", "-f", "event.kind=k",
+                "-f", "@tag=t", "-f", "a.b=c"], b"x\n")
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(1) == 1
+    event = json.loads(receiver.frames[0])
+    assert [event[k] for k in ("hostname", "event.kind", "@tag", "a.b")] == ["h", "k", "t", "c"]
 
 
 def test_stats_lines_parse_and_match_what_the_receiver_got(receiver):
