@@ -213,6 +213,9 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
                    f"refused (default {DEFAULT_CONFIRM_TIMEOUT:g})")
     p.add_argument("--host-field", action="store_true", default=None,
                    help='add "host": this host\'s name (Logstash would stamp its own)')
+    p.add_argument("--host-field-ecs", action="store_true", default=None,
+                   help='add "host":{"name": this host\'s name}, the form ECS '
+                   "mappings (Logstash 8+ with Elasticsearch) accept")
     p.add_argument("--timestamp", action="store_true", default=None,
                    help='add "@timestamp": when the line was read, ISO 8601 UTC, ms')
     p.add_argument("-f", "--field", action="append", metavar="KEY=VALUE",
@@ -258,15 +261,22 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
 # Keys zmqpush writes itself, or that Logstash gives a meaning: "@metadata" must
 # be an object and "event" (ECS v8: [event][original]) too, or the whole frame
 # becomes one _jsonparsefailure event; "tags" must be a list, "@version" is
-# Logstash's; "host" belongs to --host-field (README "Logstash").
+# Logstash's; "host" belongs to --host-field and --host-field-ecs (README "Logstash").
 RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp",
                    "@metadata", "@version", "event", "tags", "host")
 
 
-def extra_fields(specs: list, host_field: bool) -> tuple:
-    """(key, value) pairs from --host-field, then -f KEY=VALUE; UsageError if a
-    spec has no "=" or its key is refused by check_field_key."""
-    fields = [("host", socket.gethostname())] if host_field else []
+def extra_fields(specs: list, host_field: bool, host_field_ecs: bool = False) -> tuple:
+    """(key, value) pairs from --host-field or --host-field-ecs, then -f KEY=VALUE.
+    A value is a string, or {"name": hostname} for --host-field-ecs.  UsageError
+    if both host options are given, a spec has no "=", or its key is refused by
+    check_field_key."""
+    if host_field and host_field_ecs:
+        raise UsageError("--host-field and --host-field-ecs cannot be combined")
+    fields = []
+    if host_field or host_field_ecs:
+        name = socket.gethostname()
+        fields.append(("host", {"name": name} if host_field_ecs else name))
     for spec in specs:
         key, sep, value = spec.partition("=")
         if not sep or not key:
@@ -337,7 +347,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         confirm_timeout=(DEFAULT_CONFIRM_TIMEOUT if opt["confirm_timeout"] is None
                          else opt["confirm_timeout"]),
         quiet=bool(opt["quiet"]),
-        fields=extra_fields(opt["field"] or [], bool(opt["host_field"])),
+        fields=extra_fields(opt["field"] or [], bool(opt["host_field"]),
+                            bool(opt["host_field_ecs"])),
         timestamp=bool(opt["timestamp"]),
         stats=opt["stats"] or None,
         stats_format=opt["stats_format"] or "text",
@@ -349,6 +360,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
 # Owns the wire format: bytes of whole lines in, valid JSON messages out.
 
 _escape = json.encoder.c_encode_basestring or json.encoder.py_encode_basestring
+# Any JSON value (a field's string, the --host-field-ecs object), escaped as _escape does.
+_compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # Bytes that need JSON escaping: '"', '\\' and controls.  "\n" is left out:
 # it separates lines and is replaced by the message structure itself.
 _SPECIAL = bytes([0x22, 0x5C, *range(0x20)]).replace(b"\n", b"")
@@ -376,6 +389,13 @@ def valid_utf8(lines: bytes) -> bytes:
         except UnicodeDecodeError:
             return lines.decode("utf-8", "replace").encode("utf-8")
     return lines
+
+
+def valid_text(text: str) -> str:
+    """text with each byte that was not UTF-8 in argv or the environment (which
+    Python keeps as a surrogate escape, and which cannot be encoded) replaced
+    by U+FFFD, as valid_utf8 does for lines."""
+    return valid_utf8(text.encode("utf-8", "surrogateescape")).decode("utf-8")
 
 
 def escape_utf8_lines(lines: bytes) -> bytes:
@@ -406,8 +426,9 @@ class Encoder:
     def __init__(self, logtype: str, pid: int, batch: bool, fields: tuple = (),
                  timestamp: bool = False):
         self._head = b'{"message":"'
-        self._tail = ('","type":' + _escape(logtype) + ',"@pid":' + str(pid)
-                      + "".join("," + _escape(k) + ":" + _escape(v) for k, v in fields))
+        self._tail = valid_text('","type":' + _escape(logtype) + ',"@pid":' + str(pid)
+                                + "".join("," + _escape(k) + ":" + _compact_json(v)
+                                          for k, v in fields))
         self._timestamp = timestamp
         self._batch = batch
 

@@ -5,10 +5,21 @@ import pty
 import select
 import signal
 import socket
+import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 
-from conftest import Receiver, closing_count, free_port, run, start, stop_process
+from conftest import (
+    ZMQPUSH,
+    Receiver,
+    closing_count,
+    env_with,
+    free_port,
+    run,
+    start,
+    stop_process,
+)
 
 
 def test_host_timestamp_and_static_fields_are_added_and_escaped(receiver):
@@ -94,6 +105,74 @@ def test_keys_near_reserved_ones_are_accepted(receiver):
     assert receiver.wait_for(1) == 1
     event = json.loads(receiver.frames[0])
     assert [event[k] for k in ("hostname", "event.kind", "@tag", "a.b")] == ["h", "k", "t", "c"]
+
+
+def ecs_host_events(receiver, args, data: bytes, expect: int) -> list:
+    """Run zmqpush with --host-field-ecs and args; the events, checked byte for byte."""
+    proc = run(["-c", receiver.endpoint, "--host-field-ecs", "-f", "dc=eu", *args, "app"],
+               data)
+    assert proc.returncode == 0, proc.stderr
+    receiver.wait_for(1)
+    assert receiver.settle(0.3) >= 1
+    events = receiver.events()
+    assert len(events) == expect
+    pid = events[0]["@pid"]
+    host = json.dumps(socket.gethostname(), ensure_ascii=False)
+    tail = f'"type":"app","@pid":{pid},"host":{{"name":{host}}},"dc":"eu"}}'.encode()
+    for frame in receiver.frames:
+        assert frame.endswith(tail + (b"]" if frame.startswith(b"[") else b""))
+    return events
+
+
+def test_host_field_ecs_sends_a_host_object_in_default_mode(receiver):
+    events = ecs_host_events(receiver, [], b"one\ntwo\n", 2)
+    assert [e["message"] for e in events] == ["one", "two"]
+    assert len(receiver.frames) == 2 and receiver.frames[0].startswith(b'{"message":"one"')
+
+
+def test_host_field_ecs_in_batch_mode(receiver):
+    events = ecs_host_events(receiver, ["--batch"], b"one\ntwo\n", 2)
+    assert receiver.frames[0].startswith(b'[{"message":"one"')
+    assert all(e["host"] == {"name": socket.gethostname()} for e in events)
+
+
+def test_host_field_ecs_in_confirm_mode(receiver):
+    events = ecs_host_events(receiver, ["--confirm"], b"one\ntwo\n", 2)
+    assert [e["message"] for e in events] == ["one", "two"]
+
+
+def test_host_options_take_no_value_so_logtype_stays_positional(receiver):
+    """--host-field app and --host-field-ecs app mean LOGTYPE=app."""
+    for option, host in (("--host-field", socket.gethostname()),
+                         ("--host-field-ecs", {"name": socket.gethostname()})):
+        receiver.frames.clear()
+        proc = run(["-c", receiver.endpoint, option, "app"], b"x\n")
+        assert proc.returncode == 0, proc.stderr
+        assert receiver.wait_for(1) == 1
+        (event,) = receiver.events()
+        assert (event["type"], event["host"]) == ("app", host)
+
+
+def test_host_field_ecs_from_the_environment_and_not_with_host_field(receiver):
+    proc = run(["-c", receiver.endpoint], b"x\n", env={"ZMQPUSH_HOST_FIELD_ECS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(1) == 1
+    assert receiver.events()[0]["host"] == {"name": socket.gethostname()}
+    both = run(["--host-field", "--host-field-ecs"], b"x\n", timeout=10)
+    assert both.returncode == 2 and len(both.stderr.splitlines()) == 1
+    assert b"cannot be combined" in both.stderr
+
+
+def test_undecodable_bytes_in_logtype_and_fields_become_replacement_characters(receiver):
+    """argv bytes that are not UTF-8 are repaired as lines are (they used to
+    crash the encoder and leave zmqpush hanging)."""
+    proc = subprocess.run([sys.executable, ZMQPUSH, "-c", receiver.endpoint,
+                           "-f", b"k\xff=v\xfe", b"t\xc3"], input=b"x\n",
+                          capture_output=True, timeout=30, env=env_with(None))
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(1) == 1
+    (event,) = receiver.events()
+    assert (event["type"], event["k\ufffd"]) == ("t\ufffd", "v\ufffd")
 
 
 def test_stats_lines_parse_and_match_what_the_receiver_got(receiver):
