@@ -165,8 +165,9 @@ def test_imczmq_restarted_mid_stream_what_arrives_is_intact_and_in_order(tmp_pat
             life.stop()
     missing = missing_lines(sent, got)
     print(f"\nimczmq restarted after {restart_after} of {sent} lines (stop took "
-          f"{stop_seconds:.1f} s): lost {len(missing)}; first life got {len(got[0])}, "
-          f"second {len(got[1])}; missing runs {contiguous_runs(missing)[:5]}")
+          f"{stop_seconds:.1f} s, rsyslogd exit status {lives[0].proc.returncode}): "
+          f"lost {len(missing)}; first life got {len(got[0])}, second {len(got[1])}; "
+          f"missing runs {contiguous_runs(missing)[:5]}")
     for life in got:
         assert all(a < b for a, b in zip(life, life[1:])), "out of order within a life"
     assert got[1], "the stream did not go on into the second life"
