@@ -29,7 +29,7 @@ def available() -> bool:
 
 def imczmq_available() -> bool:
     """rsyslogd and its imczmq module (Debian: rsyslog-czmq) are installed."""
-    return available() and any(Path(d).glob("rsyslog/imczmq.so")
+    return available() and any(Path(d, "rsyslog", "imczmq.so").exists()
                                for d in ("/usr/lib", *glob.glob("/usr/lib/*-linux-gnu")))
 
 
