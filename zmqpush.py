@@ -260,8 +260,8 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
 
 # Keys zmqpush writes itself, or that Logstash gives a meaning: "@metadata" must
 # be an object and "event" (ECS v8: [event][original]) too, or the whole frame
-# becomes one _jsonparsefailure event; "tags" must be a list, "@version" is
-# Logstash's; "host" belongs to --host-field and --host-field-ecs (README "Logstash").
+# becomes one _jsonparsefailure event; "tags" is Logstash's list and "@version" its
+# own; "host" belongs to --host-field and --host-field-ecs (README "Logstash").
 RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp",
                    "@metadata", "@version", "event", "tags", "host")
 

@@ -107,8 +107,9 @@ def test_keys_near_reserved_ones_are_accepted(receiver):
     assert [event[k] for k in ("hostname", "event.kind", "@tag", "a.b")] == ["h", "k", "t", "c"]
 
 
-def ecs_host_events(receiver, args, data: bytes, expect: int) -> list:
-    """Run zmqpush with --host-field-ecs and args; the events, checked byte for byte."""
+def ecs_host_events(receiver, args, data: bytes, expect: int) -> tuple:
+    """Run zmqpush with --host-field-ecs and args; (its stdout, the events), the
+    events checked byte for byte."""
     proc = run(["-c", receiver.endpoint, "--host-field-ecs", "-f", "dc=eu", *args, "app"],
                data)
     assert proc.returncode == 0, proc.stderr
@@ -121,24 +122,25 @@ def ecs_host_events(receiver, args, data: bytes, expect: int) -> list:
     tail = f'"type":"app","@pid":{pid},"host":{{"name":{host}}},"dc":"eu"}}'.encode()
     for frame in receiver.frames:
         assert frame.endswith(tail + (b"]" if frame.startswith(b"[") else b""))
-    return events
+    return proc.stdout, events
 
 
 def test_host_field_ecs_sends_a_host_object_in_default_mode(receiver):
-    events = ecs_host_events(receiver, [], b"one\ntwo\n", 2)
+    _, events = ecs_host_events(receiver, [], b"one\ntwo\n", 2)
     assert [e["message"] for e in events] == ["one", "two"]
     assert len(receiver.frames) == 2 and receiver.frames[0].startswith(b'{"message":"one"')
 
 
 def test_host_field_ecs_in_batch_mode(receiver):
-    events = ecs_host_events(receiver, ["--batch"], b"one\ntwo\n", 2)
+    _, events = ecs_host_events(receiver, ["--batch"], b"one\ntwo\n", 2)
     assert receiver.frames[0].startswith(b'[{"message":"one"')
     assert all(e["host"] == {"name": socket.gethostname()} for e in events)
 
 
 def test_host_field_ecs_in_confirm_mode(receiver):
-    events = ecs_host_events(receiver, ["--confirm"], b"one\ntwo\n", 2)
+    stdout, events = ecs_host_events(receiver, ["--confirm"], b"one\ntwo\n", 2)
     assert [e["message"] for e in events] == ["one", "two"]
+    assert stdout == b"OK\nOK\nOK\n"
 
 
 def test_host_options_take_no_value_so_logtype_stays_positional(receiver):
