@@ -270,6 +270,9 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
                    f"(default {DEFAULT_CONFIRM_TIMEOUT:g})")
     p.add_argument("--host-field", action="store_true", default=None,
                    help='add "host": this host\'s name (Logstash would stamp its own)')
+    p.add_argument("--host-field-ecs", action="store_true", default=None,
+                   help='add "host":{"name": this host\'s name}, the form ECS '
+                   "mappings (Logstash 8+ with Elasticsearch) accept")
     p.add_argument("--timestamp", action="store_true", default=None,
                    help='add "@timestamp": when the line was read, ISO 8601 UTC, ms')
     p.add_argument("-f", "--field", action="append", metavar="KEY=VALUE",
@@ -315,7 +318,12 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
     return defaults
 
 
-RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp")
+# Keys zmqpush writes itself, or that Logstash gives a meaning: "@metadata" must
+# be an object and "event" (ECS v8: [event][original]) too, or the whole frame
+# becomes one _jsonparsefailure event; "tags" is Logstash's list and "@version" its
+# own; "host" belongs to --host-field and --host-field-ecs (README "Logstash").
+RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp",
+                   "@metadata", "@version", "event", "tags", "host")
 
 
 def utf8(text: str, what: str) -> bytes:
@@ -328,24 +336,36 @@ def utf8(text: str, what: str) -> bytes:
         raise UsageError(f"{what} is not valid UTF-8: {text!a}") from None
 
 
-def extra_fields(specs: list, host_field: bool) -> tuple:
-    """(key, value) pairs of UTF-8 bytes from -f KEY=VALUE and --host-field;
-    UsageError if a key is empty, reserved, or given twice, or if a spec is
-    not valid UTF-8."""
-    fields = [("host", socket.gethostname())] if host_field else []
+def extra_fields(specs: list, host_field: bool, host_field_ecs: bool = False) -> tuple:
+    """(key, value) pairs from --host-field or --host-field-ecs, then -f KEY=VALUE,
+    as UTF-8 bytes; a value is a string, or {b"name": hostname} for
+    --host-field-ecs.  UsageError if both host options are given, a spec has no
+    "=", is not valid UTF-8, or its key is refused by check_field_key."""
+    if host_field and host_field_ecs:
+        raise UsageError("--host-field and --host-field-ecs cannot be combined")
+    fields = []
+    if host_field or host_field_ecs:
+        name = utf8(socket.gethostname(), "this host's name")
+        fields.append((b"host", {b"name": name} if host_field_ecs else name))
     for spec in specs:
         key, sep, value = spec.partition("=")
         if not sep or not key:
             raise UsageError(f"bad field {spec!a} (expected KEY=VALUE)")
-        fields.append((key, value))
-    keys = [key for key, _ in fields]
-    for key in keys:
-        if key in RESERVED_FIELDS:
-            raise UsageError(f"field {key!r} is reserved")
-        if keys.count(key) > 1:
-            raise UsageError(f"field {key!a} given twice")
-    return tuple((utf8(key, "field name"), utf8(value, f"field {key!a}"))
-                 for key, value in fields)
+        check_field_key(key, fields)
+        fields.append((utf8(key, "field name"), utf8(value, f"field {key!a}")))
+    return tuple(fields)
+
+
+def check_field_key(key: str, fields: list):
+    """UsageError if key is reserved, holds "[" or "]" (the Logstash Event keeps
+    such a key as it is, but no field reference can name it), or is in fields."""
+    if key in RESERVED_FIELDS:
+        raise UsageError(f"field {key!r} is reserved (reserved: {', '.join(RESERVED_FIELDS)})")
+    if "[" in key or "]" in key:
+        raise UsageError(f"field {key!r} holds [ or ]: no Logstash field reference "
+                         "can name it")
+    if any(key.encode("utf-8", "surrogateescape") == other for other, _ in fields):
+        raise UsageError(f"field {key!r} given twice")
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -408,7 +428,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         confirm_timeout=(DEFAULT_CONFIRM_TIMEOUT if opt["confirm_timeout"] is None
                          else opt["confirm_timeout"]),
         quiet=bool(opt["quiet"]),
-        fields=extra_fields(opt["field"] or [], bool(opt["host_field"])),
+        fields=extra_fields(opt["field"] or [], bool(opt["host_field"]),
+                            bool(opt["host_field_ecs"])),
         timestamp=bool(opt["timestamp"]),
         stats=opt["stats"] or None,
         stats_format=opt["stats_format"] or "text",
@@ -452,6 +473,14 @@ def iso8601_utc(epoch: float) -> str:
 def _json_string(text: bytes) -> bytes:
     """A JSON string literal of valid UTF-8 text, as UTF-8 bytes."""
     return _escape(text.decode("utf-8")).encode("utf-8")
+
+
+def _json_value(value) -> bytes:
+    """A field's value as JSON: UTF-8 bytes are a string, a dict an object."""
+    if isinstance(value, dict):
+        return b"{" + b",".join(_json_string(k) + b":" + _json_value(v)
+                                for k, v in value.items()) + b"}"
+    return _json_string(value)
 
 
 def valid_utf8(lines: bytes) -> bytes:
@@ -500,7 +529,7 @@ class Encoder:
         """logtype and the (key, value) fields are valid UTF-8 bytes (see utf8())."""
         self._head = b'{"message":"'
         self._tail = (b'","type":' + _json_string(logtype) + b',"@pid":' + b"%d" % pid
-                      + b"".join(b"," + _json_string(k) + b":" + _json_string(v)
+                      + b"".join(b"," + _json_string(k) + b":" + _json_value(v)
                                  for k, v in fields))
         self._timestamp = timestamp
         self._batch = batch

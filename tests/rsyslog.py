@@ -1,5 +1,6 @@
 """A private rsyslogd for tests and benchmarks: its own config, work directory and
 TCP input on 127.0.0.1, no /dev/log, started and stopped by PID."""
+import glob
 import os
 import shutil
 import signal
@@ -26,6 +27,12 @@ def available() -> bool:
     return os.path.exists(RSYSLOGD)
 
 
+def imczmq_available() -> bool:
+    """rsyslogd and its imczmq module (Debian: rsyslog-czmq) are installed."""
+    return available() and any(Path(d, "rsyslog", "imczmq.so").exists()
+                               for d in ("/usr/lib", *glob.glob("/usr/lib/*-linux-gnu")))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -46,15 +53,19 @@ class PrivateRsyslog:
 
     def __init__(self, workdir: Path, action: str = "", modules: str = 'module(load="omprog")',
                  rules: str = "", env=None):
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.conf = self.workdir / "rsyslog.conf"
-        self.pidfile = self.workdir / "rsyslogd.pid"
-        self.log = self.workdir / "rsyslogd.out"
+        self._prepare(workdir, free_port(), env)
         rules = rules or f'ruleset(name="ship") {{\n{action}\n}}'
         self.conf.write_text(CONFIG.format(work=self.workdir, port=self.port,
                                            modules=modules, rules=rules))
+
+    def _prepare(self, workdir, port: int, env):
+        """Work directory, file names and port; the caller writes self.conf."""
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port
+        self.conf = self.workdir / "rsyslog.conf"
+        self.pidfile = self.workdir / "rsyslogd.pid"
+        self.log = self.workdir / "rsyslogd.out"
         self.env = env
         self.proc = None
 
@@ -110,3 +121,40 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(") ")[-1][0] != "Z"
     except OSError:
         return False
+
+
+IMCZMQ_CONFIG = """\
+global(workDirectory="{work}" processInternalMessages="on" maxMessageSize="{max_size}")
+module(load="imuxsock" SysSock.Use="off")
+module(load="imczmq")
+main_queue(queue.workerThreads="1" queue.size="{queue_size}")
+template(name="raw" type="string" string="%rawmsg%\\n")
+ruleset(name="r") {{
+  action(type="omfile" file="{output}" template="raw")
+}}
+input(type="imczmq" endpoints="@tcp://127.0.0.1:{port}" socktype="PULL" ruleset="r")
+"""
+
+
+class ImczmqRsyslog(PrivateRsyslog):
+    """rsyslogd -n as a C ZeroMQ receiver: imczmq binds a PULL socket on
+    tcp://127.0.0.1:port and omfile writes each message it receives exactly as
+    received (%rawmsg%) plus a newline to `output`, in the order received (one
+    queue worker).  max_size is rsyslog's maxMessageSize; queue_size its main
+    queue's bound in messages, large so that a full queue never drops."""
+
+    def __init__(self, workdir, port: int, output, max_size: str = "64k",
+                 queue_size: int = 1_000_000):
+        self._prepare(workdir, port, None)
+        self.output = Path(output)
+        self.conf.write_text(IMCZMQ_CONFIG.format(
+            work=self.workdir, port=port, output=self.output, max_size=max_size,
+            queue_size=queue_size))
+
+    def received(self) -> list:
+        """The messages written so far, as bytes, without a last unfinished one."""
+        try:
+            data = self.output.read_bytes()
+        except FileNotFoundError:
+            return []
+        return data.split(b"\n")[:-1]

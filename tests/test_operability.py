@@ -8,7 +8,14 @@ import socket
 import time
 from datetime import datetime, timezone
 
-from conftest import Receiver, closing_count, free_port, run, start, stop_process
+from conftest import (
+    Receiver,
+    closing_count,
+    free_port,
+    run,
+    start,
+    stop_process,
+)
 
 
 def test_host_timestamp_and_static_fields_are_added_and_escaped(receiver):
@@ -64,10 +71,94 @@ def test_bad_field_specs_are_refused():
                        (["-f", "message=x"], "reserved"), (["-f", "@pid=1"], "reserved"),
                        (["-f", "type=x"], "reserved"), (["-f", "@timestamp=x"], "reserved"),
                        (["-f", "a=1", "-f", "a=2"], "twice"),
-                       (["--host-field", "-f", "host=h"], "twice")):
+                       (["--host-field", "-f", "host=h"], "reserved")):
         proc = run(args, b"x\n", timeout=10)
         assert proc.returncode == 2, args
         assert word in proc.stderr.decode() and len(proc.stderr.splitlines()) == 1
+
+
+def test_keys_logstash_gives_a_meaning_are_refused_in_one_line():
+    """@metadata or event (ECS v8) as a string would make every frame one
+    _jsonparsefailure event; tags, @version and host have Logstash meanings;
+    no Logstash field reference can name a key holding [ or ]."""
+    for key in ("@metadata", "event", "tags", "@version", "host"):
+        proc = run(["-f", f"{key}=x"], b"x\n", timeout=10)
+        assert proc.returncode == 2, key
+        assert proc.stderr.decode().startswith(f"zmqpush: field '{key}' is reserved")
+        assert len(proc.stderr.splitlines()) == 1
+    for key in ("a[b]", "[a]", "a]", "["):
+        proc = run(["-f", f"{key}=x"], b"x\n", timeout=10)
+        assert proc.returncode == 2, key
+        assert b"[ or ]" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    env = run([], b"x\n", timeout=10, env={"ZMQPUSH_FIELD": "ok=1,tags=x"})
+    assert env.returncode == 2 and b"'tags' is reserved" in env.stderr
+
+
+def test_keys_near_reserved_ones_are_accepted(receiver):
+    proc = run(["-c", receiver.endpoint, "-f", "hostname=h", "-f", "event.kind=k",
+                "-f", "@tag=t", "-f", "a.b=c"], b"x\n")
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(1) == 1
+    event = json.loads(receiver.frames[0])
+    assert [event[k] for k in ("hostname", "event.kind", "@tag", "a.b")] == ["h", "k", "t", "c"]
+
+
+def ecs_host_events(receiver, args, data: bytes, expect: int) -> tuple:
+    """Run zmqpush with --host-field-ecs and args; (its stdout, the events), the
+    events checked byte for byte."""
+    proc = run(["-c", receiver.endpoint, "--host-field-ecs", "-f", "dc=eu", *args, "app"],
+               data)
+    assert proc.returncode == 0, proc.stderr
+    receiver.wait_for(1)
+    assert receiver.settle(0.3) >= 1
+    events = receiver.events()
+    assert len(events) == expect
+    pid = events[0]["@pid"]
+    host = json.dumps(socket.gethostname(), ensure_ascii=False)
+    tail = f'"type":"app","@pid":{pid},"host":{{"name":{host}}},"dc":"eu"}}'.encode()
+    for frame in receiver.frames:
+        assert frame.endswith(tail + (b"]" if frame.startswith(b"[") else b""))
+    return proc.stdout, events
+
+
+def test_host_field_ecs_sends_a_host_object_in_default_mode(receiver):
+    _, events = ecs_host_events(receiver, [], b"one\ntwo\n", 2)
+    assert [e["message"] for e in events] == ["one", "two"]
+    assert len(receiver.frames) == 2 and receiver.frames[0].startswith(b'{"message":"one"')
+
+
+def test_host_field_ecs_in_batch_mode(receiver):
+    _, events = ecs_host_events(receiver, ["--batch"], b"one\ntwo\n", 2)
+    assert receiver.frames[0].startswith(b'[{"message":"one"')
+    assert all(e["host"] == {"name": socket.gethostname()} for e in events)
+
+
+def test_host_field_ecs_in_confirm_mode(receiver):
+    stdout, events = ecs_host_events(receiver, ["--confirm"], b"one\ntwo\n", 2)
+    assert [e["message"] for e in events] == ["one", "two"]
+    assert stdout == b"OK\nOK\nOK\n"
+
+
+def test_host_options_take_no_value_so_logtype_stays_positional(receiver):
+    """--host-field app and --host-field-ecs app mean LOGTYPE=app."""
+    for option, host in (("--host-field", socket.gethostname()),
+                         ("--host-field-ecs", {"name": socket.gethostname()})):
+        receiver.frames.clear()
+        proc = run(["-c", receiver.endpoint, option, "app"], b"x\n")
+        assert proc.returncode == 0, proc.stderr
+        assert receiver.wait_for(1) == 1
+        (event,) = receiver.events()
+        assert (event["type"], event["host"]) == ("app", host)
+
+
+def test_host_field_ecs_from_the_environment_and_not_with_host_field(receiver):
+    proc = run(["-c", receiver.endpoint], b"x\n", env={"ZMQPUSH_HOST_FIELD_ECS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(1) == 1
+    assert receiver.events()[0]["host"] == {"name": socket.gethostname()}
+    both = run(["--host-field", "--host-field-ecs"], b"x\n", timeout=10)
+    assert both.returncode == 2 and len(both.stderr.splitlines()) == 1
+    assert b"cannot be combined" in both.stderr
 
 
 def test_stats_lines_parse_and_match_what_the_receiver_got(receiver):
