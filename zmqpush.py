@@ -208,86 +208,112 @@ _buffer_limits.__name__ = "HIGH[,LOW] with HIGH >= LOW >= 0"
 
 
 def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
-    """The CLI; shared with zmqpush-watermark.py."""
+    """The CLI, its options grouped by concern; shared with zmqpush-watermark.py."""
     p = _Parser(
         prog=prog,
-        description="Read lines on stdin and push each as JSON "
-        '{"message":LINE,"type":LOGTYPE,"@pid":PID} over a ZeroMQ PUSH socket '
-        "to a Logstash zeromq input. Diagnostics go to stderr; stdout is used "
+        description="Read lines on stdin and push each as JSON\n"
+        '{"message":LINE,"type":LOGTYPE,"@pid":PID} over a ZeroMQ PUSH socket\n'
+        "to a Logstash zeromq input. Diagnostics go to stderr; stdout is used\n"
         "only by --confirm.",
         epilog=HELP_EPILOG, formatter_class=_HelpFormatter)
     p.add_argument("logtype", nargs="?", metavar="LOGTYPE",
                    help='the "type" field (default: syslog)')
-    p.add_argument("-c", "--connect", action="append", metavar="ENDPOINT",
+    p.add_argument("--version", action="version", version=f"zmqpush {__version__}")
+    _connection_options(p.add_argument_group("connection"))
+    _delivery_options(p.add_argument_group("delivery and flow control"))
+    _input_options(p.add_argument_group("input handling"))
+    _field_options(p.add_argument_group("fields"))
+    _reporting_options(p.add_argument_group("reporting"))
+    _rsyslog_options(p.add_argument_group("rsyslog omprog"))
+    return p
+
+
+def _connection_options(g):
+    g.add_argument("-c", "--connect", action="append", metavar="ENDPOINT",
                    help="connect to ENDPOINT (repeatable: round-robin over all); "
                    f"default {DEFAULT_ENDPOINT}")
-    p.add_argument("--bind", action="append", metavar="ENDPOINT",
+    g.add_argument("--bind", action="append", metavar="ENDPOINT",
                    help='bind ENDPOINT instead (Logstash input mode => "client")')
-    p.add_argument("--linger", type=_seconds(), metavar="SECONDS",
+    g.add_argument("--heartbeat", type=_seconds(*HEARTBEAT_RANGE, off=True),
+                   metavar="SECONDS",
+                   help="ZeroMQ heartbeat interval, 1 to 3600; a peer silent for 3 "
+                   "intervals is dropped and reconnected (default 0: off)")
+
+
+def _delivery_options(g):
+    g.add_argument("--linger", type=_seconds(), metavar="SECONDS",
                    help="at end of input, wait at most this long for delivery; 0: do "
                    "not wait (exit 3 if anything was read) (default "
                    f"{DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5; at most "
                    f"{MAX_SECONDS})")
-    p.add_argument("--sndhwm", type=_integer(1, MAX_SNDHWM), metavar="N",
-                   help="ZeroMQ send high-water mark in messages per receiver (default "
-                   f"{DEFAULT_SNDHWM}; with --batch, {BATCH_ZMQ_BYTES >> 20} MiB of batches)")
-    p.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
-                   help="aiozmq transport watermarks in bytes (default "
-                   f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
-                   "LOW left out: HIGH/4)")
-    p.add_argument("--queue-bytes", type=_integer(1), metavar="N",
-                   help="bound of the queue between reader and sender, in bytes of "
-                   f"encoded JSON (default {DEFAULT_QUEUE_BYTES})")
-    p.add_argument("--max-line-bytes", type=_integer(MIN_MAX_LINE_BYTES), metavar="N",
-                   help="longer lines are split into messages marked "
-                   f'"@continues":true (at least {MIN_MAX_LINE_BYTES}, '
-                   f"default {DEFAULT_MAX_LINE_BYTES})")
-    p.add_argument("--batch", action="store_true", default=None,
-                   help="send the lines of one read as one JSON array per message")
-    p.add_argument("--batch-bytes", type=_integer(1, MAX_BATCH_BYTES), metavar="N",
-                   help="read size, and so batch size cap (default "
-                   f"{DEFAULT_READ_BYTES}, at most {MAX_BATCH_BYTES})")
-    p.add_argument("--when-full", choices=("block", "drop"),
-                   help="queue full: block the producer (default) or drop and count; "
-                   "only for inputs that can be polled (pipes, sockets, terminals)")
-    p.add_argument("--replay-bytes", type=_integer(0), metavar="N",
+    g.add_argument("--replay-bytes", type=_integer(0), metavar="N",
                    help="replay window: after a receiver goes away, send again what "
                    "may have been in flight to it, up to N bytes of the newest "
                    f"messages (default {DEFAULT_REPLAY_BYTES}; 0: off, at most once)")
-    p.add_argument("--event-id", action="store_true", default=None,
+    g.add_argument("--queue-bytes", type=_integer(1), metavar="N",
+                   help="bound of the queue between reader and sender, in bytes of "
+                   f"encoded JSON (default {DEFAULT_QUEUE_BYTES})")
+    g.add_argument("--when-full", choices=("block", "drop"),
+                   help="queue full: block the producer (default) or drop, count and "
+                   "exit 3; only for inputs that can be polled (pipes, sockets, terminals)")
+    g.add_argument("--sndhwm", type=_integer(1, MAX_SNDHWM), metavar="N",
+                   help="ZeroMQ send high-water mark in messages per receiver (default "
+                   f"{DEFAULT_SNDHWM}, lowered for large messages so that ZeroMQ holds "
+                   f"about {PIPE_BYTES >> 20} MiB; with --batch, derived from the array size)")
+    g.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
+                   help="aiozmq transport watermarks in bytes (default "
+                   f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
+                   "LOW left out: HIGH/4)")
+
+
+def _input_options(g):
+    g.add_argument("--max-line-bytes", type=_integer(MIN_MAX_LINE_BYTES), metavar="N",
+                   help="longer lines are split into messages marked "
+                   f'"@continues":true (at least {MIN_MAX_LINE_BYTES}, '
+                   f"default {DEFAULT_MAX_LINE_BYTES})")
+    g.add_argument("--batch", action="store_true", default=None,
+                   help="send the lines of each read as JSON arrays, one per message")
+    g.add_argument("--batch-bytes", type=_integer(1, MAX_BATCH_BYTES), metavar="N",
+                   help=f"read size (default {DEFAULT_READ_BYTES}, at most "
+                   f"{MAX_BATCH_BYTES}); arrays are at most N bytes, and with the replay "
+                   "window on at most what it covers (8 KiB by default)")
+
+
+def _field_options(g):
+    g.add_argument("--host-field", action="store_true", default=None,
+                   help='add "host": this host\'s name (Logstash would stamp its own)')
+    g.add_argument("--host-field-ecs", action="store_true", default=None,
+                   help='add "host":{"name": this host\'s name}, the form ECS '
+                   "mappings (Logstash 8+ with Elasticsearch) accept")
+    g.add_argument("--timestamp", action="store_true", default=None,
+                   help='add "@timestamp": when the line was read, ISO 8601 UTC, ms')
+    g.add_argument("-f", "--field", action="append", metavar="KEY=VALUE",
+                   help="add a static string field (repeatable)")
+    g.add_argument("--event-id", action="store_true", default=None,
                    help='add "@metadata":{"_id":"RUN-SEQ"} to each event, the same in '
                    "a replayed copy (Logstash: document_id => \"%%{[@metadata][_id]}\")")
-    p.add_argument("--heartbeat", type=_seconds(*HEARTBEAT_RANGE, off=True),
-                   metavar="SECONDS",
-                   help="ZeroMQ heartbeat interval, 1 to 3600; a peer silent for 3 "
-                   "intervals is dropped and reconnected (default 0: off)")
-    p.add_argument("--confirm", action="store_true", default=None,
-                   help='rsyslog omprog confirmMessages mode: print "OK" when ready, '
+
+
+def _reporting_options(g):
+    g.add_argument("--stats", type=_seconds(0.1, MAX_SECONDS, off=True), metavar="SECONDS",
+                   help=f"print the counters on stderr every SECONDS (0.1 to {MAX_SECONDS})")
+    g.add_argument("--stats-format", choices=("text", "json"),
+                   help="--stats and SIGUSR1 line format (default text)")
+    g.add_argument("--progress", action="store_true", default=None,
+                   help="a self-updating status line, only when stderr is a terminal")
+    g.add_argument("-q", "--quiet", action="store_true", default=None,
+                   help="no connection events; errors, the closing line and what "
+                   "you asked for (--stats, SIGUSR1) still print")
+
+
+def _rsyslog_options(g):
+    g.add_argument("--confirm", action="store_true", default=None,
+                   help='omprog confirmMessages mode: print "OK" when ready, '
                    "then one reply line per line read")
-    p.add_argument("--confirm-timeout", type=_seconds(), metavar="SECONDS",
+    g.add_argument("--confirm-timeout", type=_seconds(), metavar="SECONDS",
                    help="--confirm: how long a line may wait for ZeroMQ before it is "
                    f"refused; 0: only what ZeroMQ takes at once "
                    f"(default {DEFAULT_CONFIRM_TIMEOUT:g})")
-    p.add_argument("--host-field", action="store_true", default=None,
-                   help='add "host": this host\'s name (Logstash would stamp its own)')
-    p.add_argument("--host-field-ecs", action="store_true", default=None,
-                   help='add "host":{"name": this host\'s name}, the form ECS '
-                   "mappings (Logstash 8+ with Elasticsearch) accept")
-    p.add_argument("--timestamp", action="store_true", default=None,
-                   help='add "@timestamp": when the line was read, ISO 8601 UTC, ms')
-    p.add_argument("-f", "--field", action="append", metavar="KEY=VALUE",
-                   help="add a static string field (repeatable)")
-    p.add_argument("--stats", type=_seconds(), metavar="SECONDS",
-                   help=f"print the counters on stderr every SECONDS (at most {MAX_SECONDS})")
-    p.add_argument("--stats-format", choices=("text", "json"),
-                   help="--stats and SIGUSR1 line format (default text)")
-    p.add_argument("--progress", action="store_true", default=None,
-                   help="a self-updating status line, only when stderr is a terminal")
-    p.add_argument("-q", "--quiet", action="store_true", default=None,
-                   help="no connection events; errors, the closing line and what "
-                   "you asked for (--stats, SIGUSR1) still print")
-    p.add_argument("--version", action="version", version=f"zmqpush {__version__}")
-    return p
 
 
 def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
@@ -1474,6 +1500,7 @@ class Shipper:
         self._queue: ByteQueue | None = None
         self._reporter: Reporter | None = None
         self._connections: Connections | None = None
+        self._waiting: asyncio.TimerHandle | None = None
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
@@ -1499,12 +1526,12 @@ class Shipper:
         self._failed = loop.create_future()
         loop.set_exception_handler(self._on_loop_exception)
         self._reporter.start()
-        waiting = loop.call_later(1.0, self._say_if_unconnected)
+        self._waiting = loop.call_later(1.0, self._say_if_unconnected)
         self._install_signals()
         try:
             await self._ship()
         finally:
-            waiting.cancel()
+            self._waiting.cancel()
             self._reader.close()
             self._connections.close()
             self._reporter.stop()
@@ -1518,6 +1545,8 @@ class Shipper:
         return self._connections
 
     def _on_connection_event(self, what: str, endpoint: str):
+        if what == "connected" and self._waiting is not None:
+            self._waiting.cancel()  # a timer left in the loop would still wake it
         if self._reporter is not None:
             self._reporter.say(f"receiver {what}", endpoint)
 

@@ -273,3 +273,21 @@ def test_every_option_from_the_environment_with_no_arguments(receiver):
     assert "@timestamp" in event
     bad = run([], b"", env={"ZMQPUSH_WHEN_FULL": "sometimes"})
     assert bad.returncode == 2 and b"ZMQPUSH_WHEN_FULL" in bad.stderr
+
+
+def test_help_groups_the_options_by_concern():
+    text = run(["--help"], b"").stdout.decode()
+    groups = {"connection:": ["--connect", "--bind", "--heartbeat"],
+              "delivery and flow control:": ["--linger", "--replay-bytes", "--queue-bytes",
+                                             "--when-full", "--sndhwm"],
+              "input handling:": ["--max-line-bytes", "--batch", "--batch-bytes"],
+              "fields:": ["--host-field", "--host-field-ecs", "--timestamp", "--field",
+                          "--event-id"],
+              "reporting:": ["--stats", "--stats-format", "--progress", "--quiet"],
+              "rsyslog omprog:": ["--confirm", "--confirm-timeout"]}
+    starts = {heading: text.index("\n" + heading + "\n") for heading in groups}
+    ends = sorted(starts.values()) + [text.index("\nexamples:")]
+    for heading, options in groups.items():
+        section = text[starts[heading]:ends[ends.index(starts[heading]) + 1]]
+        for option in options:
+            assert f"  {option} " in section or f", {option} " in section, (heading, option)

@@ -299,3 +299,25 @@ def test_idle_with_stdin_open_the_main_thread_never_wakes(receiver, mode):
         assert proc.wait(10) == 0
     finally:
         stop_process(proc)
+
+
+@pytest.mark.parametrize("mode", [[], ["--batch"], ["--confirm"]],
+                         ids=["default", "batch", "confirm"])
+def test_idle_with_the_receiver_down_the_main_thread_never_wakes(mode):
+    """ZeroMQ retries the connection every second, but no event of it reaches
+    the loop: only a one-time notice, 1 s after start, says it is retrying."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    proc = start(["-c", endpoint, "--linger", "0.5", *mode])
+    try:
+        proc.stdin.write(b"one line, no receiver\n")
+        proc.stdin.flush()
+        time.sleep(3.0)  # start-up, the one-time notice, the --confirm timeout (2 s)
+        before = main_thread_switches(proc.pid)
+        time.sleep(5.0)
+        assert main_thread_switches(proc.pid) == before
+        proc.stdin.close()
+        assert proc.wait(10) == 3
+        err = proc.stderr.read().decode()
+        assert f"zmqpush: no receiver yet (retrying every 1 s): {endpoint}" in err
+    finally:
+        stop_process(proc)
