@@ -7,6 +7,7 @@ options -> encoding -> reading -> sending -> lifecycle, and so does this file.
 """
 from __future__ import annotations
 
+import os
 import signal
 
 if __name__ == "__main__":
@@ -15,19 +16,25 @@ if __name__ == "__main__":
     # replace these dispositions later.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # Nothing is read yet: an early SIGINT ends the run as SIGTERM's default
+    # would, without a KeyboardInterrupt traceback from inside an import.
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))
 
 import argparse
 import asyncio
 import collections
 import errno
+import fcntl
 import itertools
 import json
 import json.encoder
-import os
 import re
 import select
 import socket
+import struct
 import sys
+import termios
 import time
 from typing import NamedTuple
 
@@ -63,10 +70,18 @@ RECEIVER_KERNEL_BYTES = 6 << 20
 REPLAY_SNDBUF = 1 << 20
 # --batch with replay: ZeroMQ's queue holds this many bytes of arrays.
 REPLAY_BATCH_ZMQ_BYTES = 1 << 20
-# A sender idle this long has let receivers take what was in flight.
-REPLAY_QUIET = 1.0
+# The window is emptied after two checks this far apart, while the sender is
+# idle, both finding no backpressure and empty kernel send queues.
+REPLAY_QUIET = 0.5
 # Default mode: SNDHWM is lowered for large messages so ZeroMQ holds about this much.
 PIPE_BYTES = 4 << 20
+# Worst-case memory (README "Flow control and memory"), measured: the interpreter
+# and libraries, plus what each setting can hold; settings over --memory-bytes
+# are refused.
+DEFAULT_MEMORY_BYTES = 64 << 20
+MEMORY_BASE = 30 << 20
+MEMORY_PER_LINE_BYTE = 36  # escaping (up to 6x), encoding copies, ZeroMQ's queue
+MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
 
 # ---------------------------------------------------------------- options --
 # Owns the command line, its ZMQPUSH_* environment twins and their validation.
@@ -194,6 +209,17 @@ def _seconds(low: float = 0, high: float = MAX_SECONDS, off: bool = False):
     return seconds
 
 
+def _switch(text: str) -> bool:
+    """An on/off environment value; ValueError for anything else (a typo must not
+    quietly turn --confirm off under rsyslog)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
 def _buffer_limits(text: str) -> tuple:
     parts = [int(p) for p in text.split(",")]
     if len(parts) > 2 or any(p < 0 for p in parts):
@@ -256,6 +282,10 @@ def _delivery_options(g):
     g.add_argument("--when-full", choices=("block", "drop"),
                    help="queue full: block the producer (default) or drop, count and "
                    "exit 3; only for inputs that can be polled (pipes, sockets, terminals)")
+    g.add_argument("--memory-bytes", type=_integer(1), metavar="N",
+                   help="refuse settings whose worst-case memory (queue, replay window, "
+                   "ZeroMQ, line and read sizes: README formula) exceeds N (default "
+                   f"{DEFAULT_MEMORY_BYTES})")
     g.add_argument("--sndhwm", type=_integer(1, MAX_SNDHWM), metavar="N",
                    help="ZeroMQ send high-water mark in messages per receiver (default "
                    f"{DEFAULT_SNDHWM}, lowered for large messages so that ZeroMQ holds "
@@ -327,7 +357,7 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
         utf8(text, name)
         try:
             if action.nargs == 0:
-                value = text.strip().lower() in ("1", "true", "yes", "on")
+                value = _switch(text)
             elif isinstance(action, argparse._AppendAction):
                 value = [v for v in re.split(r"[\s,]+", text) if v]
             elif action.type is not None:
@@ -422,6 +452,9 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                          is not None else env.get(action.dest))
            for action in parser._actions}
     connect = [check_endpoint(e) for e in opt["connect"] or []]
+    for endpoint in connect:
+        if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1] in ("*", "0"):
+            raise UsageError(f"cannot connect to {endpoint!r}: a port is needed")
     bind = [check_endpoint(e) for e in opt["bind"] or []]
     if not connect and not bind:
         connect = [DEFAULT_ENDPOINT]
@@ -438,14 +471,19 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     zmq_bytes = REPLAY_BATCH_ZMQ_BYTES if replay_bytes else BATCH_ZMQ_BYTES
     default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
                       else DEFAULT_SNDHWM)
+    queue_bytes = opt["queue_bytes"] or DEFAULT_QUEUE_BYTES
+    max_line_bytes = opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES
+    check_memory(opt["memory_bytes"] or DEFAULT_MEMORY_BYTES, queue_bytes + replay_bytes
+                 + (zmq_bytes if opt["batch"] else PIPE_BYTES),
+                 max_line_bytes, batch_bytes if opt["batch"] else DEFAULT_READ_BYTES)
     return Config(
         logtype=utf8(opt["logtype"] if opt["logtype"] is not None else "syslog", "LOGTYPE"),
         connect=connect, bind=bind,
         linger=DEFAULT_LINGER if opt["linger"] is None else opt["linger"],
         sndhwm=opt["sndhwm"] or default_sndhwm,
         write_high=high, write_low=low,
-        queue_bytes=opt["queue_bytes"] or DEFAULT_QUEUE_BYTES,
-        max_line_bytes=opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES,
+        queue_bytes=queue_bytes,
+        max_line_bytes=max_line_bytes,
         batch=bool(opt["batch"]),
         batch_bytes=batch_bytes,
         when_full=opt["when_full"] or "block",
@@ -464,6 +502,19 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         event_ids=bool(opt["event_id"]),
         array_bytes=array_bytes,
     )
+
+
+def check_memory(limit: int, held: int, max_line_bytes: int, read_bytes: int):
+    """UsageError if the worst case of these settings exceeds limit bytes: the
+    base, what the queue, window and ZeroMQ hold, and per byte of the longest
+    line piece and of one read what escaping and encoding may take."""
+    need = (MEMORY_BASE + held + MEMORY_PER_LINE_BYTE * max_line_bytes
+            + MEMORY_PER_READ_BYTE * read_bytes)
+    if need > limit:
+        raise UsageError(f"these settings may need {need / (1 << 20):.0f} MiB, over "
+                         f"--memory-bytes {limit}: lower --queue-bytes, --replay-bytes, "
+                         "--max-line-bytes or --batch-bytes, or raise --memory-bytes "
+                         '(README "Flow control and memory")')
 
 
 def replayable_array_bytes(replay_bytes: int) -> int:
@@ -747,13 +798,15 @@ class Batch(NamedTuple):
 
 
 # Bytes a queued message costs beyond its length: the bytes object's header,
-# its slots in the Batch's three lists, and the allocator's rounding.
+# its slots in the Batch's three lists, and the allocator's rounding; and what
+# a Batch itself costs (the tuple and its three lists).
 MESSAGE_OVERHEAD = 80
+BATCH_OVERHEAD = 512
 
 
 def batch_of(messages: list, events: list, ends_line: list, replayed: bool = False) -> Batch:
     """A Batch of these messages, with its memory cost."""
-    nbytes = sum(map(len, messages)) + MESSAGE_OVERHEAD * len(messages)
+    nbytes = sum(map(len, messages)) + MESSAGE_OVERHEAD * len(messages) + BATCH_OVERHEAD
     return Batch(messages, events, ends_line, nbytes, replayed)
 
 
@@ -1087,11 +1140,13 @@ class Sender:
     the refused message) and the backend's send, which skips pyzmq's wrapper.
 
     ZeroMQ's own queue counts messages, not bytes: for a Batch with large
-    messages SNDHWM is lowered (never above --sndhwm) so that the queue holds
-    about PIPE_BYTES of them (in batch mode arrays are capped instead).
+    messages SNDHWM is lowered so that the queue holds about PIPE_BYTES of them
+    (in batch mode arrays are capped instead).  It is never raised again:
+    raising it on a live pipe was seen to stall libzmq 4.3's flow control.
     """
 
-    def __init__(self, stream, queue: ByteQueue, counters: Counters, config: Config):
+    def __init__(self, stream, queue: ByteQueue, counters: Counters, config: Config,
+                 unsent_bytes=lambda: 0):
         import zmq
         self._again = zmq.Again
         self._dontwait = zmq.DONTWAIT
@@ -1107,7 +1162,10 @@ class Sender:
         self._fit_pipe = not config.batch
         self.window = ReplayWindow(config.replay_bytes)
         self._loop = asyncio.get_running_loop()
-        self._idle_since: float | None = None
+        self._unsent_bytes = unsent_bytes
+        self._pressed = False  # ZeroMQ refused a message since the last quiet check
+        self._calm_checks = 0
+        self._quiet_timer: asyncio.TimerHandle | None = None
         self._current: Batch | None = None
         self._handed = 0  # messages of _current handed to ZeroMQ so far
         # (bytes written to the transport so far, events in that message, replayed)
@@ -1128,21 +1186,33 @@ class Sender:
 
     async def next_batch(self):
         """The next Batch (or END) from the queue.  While it waits on an empty
-        queue with nothing in the transport the sender is idle: once idle for
-        REPLAY_QUIET seconds, receivers have had time to take what was in
-        flight, so the window is emptied."""
-        if self._queue.empty() and not self.buffered_bytes():
-            self._idle_since = self._loop.time()
+        queue with nothing in the transport the sender is idle, and quiet checks
+        run (see _check_quiet)."""
+        if self._queue.empty() and not self.buffered_bytes() and self.window.nbytes:
+            self._calm_checks = 0
+            self._quiet_timer = self._loop.call_later(REPLAY_QUIET, self._check_quiet)
         try:
             return await self._queue.get()
         finally:
-            if self._quiet():
-                self.window.clear()
-            self._idle_since = None
+            if self._quiet_timer is not None:
+                self._quiet_timer.cancel()
+                self._quiet_timer = None
 
-    def _quiet(self) -> bool:
-        return (self._idle_since is not None
-                and self._loop.time() - self._idle_since >= REPLAY_QUIET)
+    def _check_quiet(self):
+        """Idle: empty the window once receivers have taken what was in flight,
+        which is taken to be when two checks REPLAY_QUIET apart both find that
+        ZeroMQ refused nothing since the check before (no backpressure) and that
+        the kernel holds nothing unacknowledged on any connection.  Until then
+        it checks again (only while idle with a window, so a backlogged
+        receiver costs two wake-ups a second, and an idle one none)."""
+        calm = not self._pressed and not self._unsent_bytes()
+        self._pressed = False
+        self._calm_checks = self._calm_checks + 1 if calm else 0
+        if self._calm_checks >= 2:
+            self.window.clear()
+            self._quiet_timer = None
+        else:
+            self._quiet_timer = self._loop.call_later(REPLAY_QUIET, self._check_quiet)
 
     async def send(self, batch: Batch):
         """Hand all of batch's messages over in order (waits while ZeroMQ would
@@ -1155,6 +1225,7 @@ class Sender:
             sent = self._send_directly(messages, events, self._handed, batch.replayed)
             self._handed = sent
             if sent < len(messages):
+                self._pressed = True
                 spilled = self._spill(messages, events, sent, batch.replayed)
                 await self.flush()
                 self._handed = spilled
@@ -1162,10 +1233,10 @@ class Sender:
         self.window.add(batch)
 
     def _fit_sndhwm(self, messages: list):
-        """SNDHWM such that ZeroMQ holds about PIPE_BYTES of messages this large."""
+        """Lower SNDHWM so that ZeroMQ holds about PIPE_BYTES of messages this large."""
         largest = max(map(len, messages), default=1)
         want = max(1, min(self._most_sndhwm, PIPE_BYTES // max(1, largest)))
-        if want != self._sndhwm:
+        if want < self._sndhwm:
             self._sock.setsockopt(self._sndhwm_option, want)
             self._sndhwm = want
 
@@ -1222,10 +1293,9 @@ class Sender:
     def replay_in_flight(self) -> int:
         """A receiver went away: put what may have been in flight to it (the
         window, and what was handed of the Batch being sent) at the head of the
-        queue, to be sent again.  Nothing when the sender was quiet (see
-        next_batch).  Returns the events requeued."""
-        if self._quiet() or not self.window.limit:
-            self.window.clear()
+        queue, to be sent again.  Nothing once the window was emptied (see
+        _check_quiet).  Returns the events requeued."""
+        if not self.window.limit:
             return 0
         batches = self.window.take()
         if self._current is not None and self._handed:
@@ -1268,6 +1338,7 @@ class Sender:
         for message, nevents, ends in zip(batch.messages, batch.events, batch.ends_line):
             accepted = await self._flushed_within(timeout)
             if accepted and not self._send_directly([message], [nevents], 0):
+                self._pressed = True
                 self._spill([message], [nevents], 0)
                 accepted = await self._flushed_within(timeout)
             if accepted:
@@ -1301,10 +1372,12 @@ class Connections:
 
     Counts receivers connected now and disconnects in counters; calls
     on_event(what, endpoint) for each event worth saying, and on_lost(endpoint)
-    when a receiver that had completed its handshake goes away.  (aiozmq's own
-    monitor misses events over inproc with this loop and can block at close.)
-    Only the two events used are asked for, so libzmq never has to send a
-    "monitor stopped" event at the end, and reconnect attempts stay silent."""
+    when a receiver that had completed its handshake goes away; knows the TCP
+    descriptor of each connection (CONNECTED and ACCEPTED carry it) to tell
+    what the kernel has not had acknowledged.  (aiozmq's own monitor misses
+    events over inproc with this loop and can block at close.)  Only the events
+    used are asked for, so libzmq never has to send a "monitor stopped" event at
+    the end, and failed reconnect attempts stay silent."""
 
     def __init__(self, sock, counters: Counters, on_event, on_lost):
         import zmq
@@ -1314,8 +1387,10 @@ class Connections:
         self._on_event = on_event
         self._on_lost = on_lost
         self._up: collections.Counter = collections.Counter()
+        self._tcp_fds: set = set()
         self._monitor = sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED)
         self._fd = self._monitor.getsockopt(zmq.FD)
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._fd, self._read_events)
@@ -1338,11 +1413,27 @@ class Connections:
         while self._monitor is not None and \
                 self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             head, endpoint = self._monitor.recv_multipart(zmq.NOBLOCK)
-            event = int.from_bytes(head[:2], sys.byteorder)  # then a 32-bit value
-            self._on_monitor_event(event, endpoint.decode(errors="replace"))
+            event = int.from_bytes(head[:2], sys.byteorder)
+            value = int.from_bytes(head[2:6], sys.byteorder, signed=True)
+            self._on_monitor_event(event, value, endpoint.decode(errors="replace"))
 
-    def _on_monitor_event(self, event: int, endpoint: str):
-        if event == self._zmq.EVENT_HANDSHAKE_SUCCEEDED:
+    def unsent_bytes(self) -> int:
+        """Bytes the kernel holds unacknowledged on the TCP connections now."""
+        total = 0
+        for fd in self._tcp_fds:
+            try:
+                total += struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * 4))[0]
+            except OSError:
+                pass
+        return total
+
+    def _on_monitor_event(self, event: int, value: int, endpoint: str):
+        zmq = self._zmq
+        if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+            self._tcp_fds.add(value)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._tcp_fds.discard(value)
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._up[endpoint] += 1
             self._counters.connected += 1
             self._on_event("connected", endpoint)
@@ -1520,7 +1611,8 @@ class Shipper:
             self._stdin_fd, self._queue, encoder=encoder,
             framer=LineFramer(config.max_line_bytes), counters=self.counters,
             read_bytes=read_bytes, drop_when_full=config.when_full == "drop")
-        self._sender = Sender(stream, self._queue, self.counters, config)
+        self._sender = Sender(stream, self._queue, self.counters, config,
+                              self._connections.unsent_bytes)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender)
         loop = asyncio.get_running_loop()
         self._failed = loop.create_future()
@@ -1744,11 +1836,13 @@ def describe(exc: BaseException) -> str:
 
 
 def reply(text: str) -> bool:
-    """--confirm: one protocol line on stdout.  False if rsyslog has gone."""
+    """--confirm: one protocol line on stdout.  False, with one line on stderr,
+    if it cannot be written (rsyslog has gone, or stdout is /dev/full)."""
     try:
         os.write(1, (text + "\n").encode())
         return True
-    except OSError:
+    except OSError as exc:
+        warn(f"cannot write --confirm replies on stdout: {exc.strerror}; reading stops")
         return False
 
 

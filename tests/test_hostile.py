@@ -455,3 +455,35 @@ def test_ipv6_loopback_works_to_connect_and_to_bind(mode):
     finally:
         sock.close()
         stop_process(proc)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.03, 0.06, 0.09, 0.12])
+def test_sigint_during_start_up_never_gives_a_traceback(delay):
+    """Before the loop's handlers exist, SIGINT ends the run at once (130), as
+    SIGTERM's default would (or kills the interpreter, -2, before the script's
+    first line runs); afterwards it lingers as documented (0)."""
+    proc = start(["-c", "tcp://127.0.0.1:9", "--linger", "0.5"])
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        proc.stdin.close()
+        code = proc.wait(10)
+        err = proc.stderr.read()
+        assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err
+        assert code in (0, 130, -signal.SIGINT), (code, err)
+    finally:
+        stop_process(proc)
+
+
+def test_on_off_environment_values_must_be_on_or_off():
+    """ZMQPUSH_CONFIRM=enabled must not quietly mean off under rsyslog."""
+    bad = run([], b"", timeout=10, env={"ZMQPUSH_CONFIRM": "enabled"})
+    assert bad.returncode == 2 and b"ZMQPUSH_CONFIRM" in bad.stderr
+    off = run(["-c", "tcp://127.0.0.1:9", "--linger", "0.2"], b"", timeout=10,
+              env={"ZMQPUSH_CONFIRM": "off", "ZMQPUSH_BATCH": ""})
+    assert off.returncode == 0 and off.stdout == b""
+
+
+def test_connecting_to_port_0_is_a_usage_error():
+    proc = run(["-c", "tcp://127.0.0.1:0"], b"x\n", timeout=10)
+    assert proc.returncode == 2 and b"a port is needed" in proc.stderr

@@ -84,7 +84,7 @@ def test_20k_hostile_lines_arrive_at_imczmq_as_exactly_the_json_sent(tmp_path):
     try:
         rs.start()
         proc = start(["-c", f"tcp://127.0.0.1:{port}", "--max-line-bytes", "262144",
-                      LOGTYPE])
+                      "--memory-bytes", str(128 << 20), LOGTYPE])
         _, err = proc.communicate(b"\n".join(lines) + b"\n", timeout=120)
         assert proc.returncode == 0, err
         assert wait_until(lambda: len(rs.received()) >= len(lines), 60)

@@ -286,7 +286,7 @@ def test_help_groups_the_options_by_concern():
               "reporting:": ["--stats", "--stats-format", "--progress", "--quiet"],
               "rsyslog omprog:": ["--confirm", "--confirm-timeout"]}
     starts = {heading: text.index("\n" + heading + "\n") for heading in groups}
-    ends = sorted(starts.values()) + [text.index("\nexamples:")]
+    ends = [*sorted(starts.values()), text.index("\nexamples:")]
     for heading, options in groups.items():
         section = text[starts[heading]:ends[ends.index(starts[heading]) + 1]]
         for option in options:

@@ -309,7 +309,8 @@ def test_100_mb_without_newline_is_split_not_lost_and_memory_bounded(receiver):
     ZeroMQ holds about 4 MiB of them (README "Flow control and memory")."""
     block = ("x" * 1000 + "é€😀\r").encode()
     total = 100 * MIB // len(block)
-    proc = start(["-c", receiver.endpoint, "--max-line-bytes", str(MIB)])
+    proc = start(["-c", receiver.endpoint, "--max-line-bytes", str(MIB), "--replay-bytes", "0",
+                  "--memory-bytes", str(80 * MIB)])
     try:
         for _ in range(total // 100):
             proc.stdin.write(block * 100)

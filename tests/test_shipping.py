@@ -54,7 +54,8 @@ def test_every_byte_value_invalid_utf8_crlf_and_no_final_newline(receiver):
 def test_one_mebibyte_line_arrives_whole_up_to_max_line_bytes(receiver):
     line = (b"0123456789abcdef" * 65536)
     assert len(line) == 1 << 20
-    proc = run(["-c", receiver.endpoint, "--max-line-bytes", str(1 << 20)], line + b"\nnext\n")
+    proc = run(["-c", receiver.endpoint, "--max-line-bytes", str(1 << 20),
+                "--memory-bytes", str(128 << 20)], line + b"\nnext\n")
     assert proc.returncode == 0, proc.stderr
     assert receiver.wait_for(2) == 2
     assert receiver.messages() == [line.decode(), "next"]
@@ -291,7 +292,7 @@ def test_idle_with_stdin_open_the_main_thread_never_wakes(receiver, mode):
         proc.stdin.write(b"one line, then silence\n")
         proc.stdin.flush()
         assert receiver.wait_for(1, 10) == 1
-        time.sleep(1.0)  # connection events and the first delivery settle
+        time.sleep(2.0)  # connection events, the first delivery, the two quiet checks
         before = main_thread_switches(proc.pid)
         time.sleep(3.0)
         assert main_thread_switches(proc.pid) == before
