@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Throughput: zmqpush (default and --batch) against the naive pyzmq loop, in one run.
+"""Throughput: zmqpush (default and --batch, replay window on and off) against the
+naive pyzmq loop, in one run.
 
 Each shipper reads the same realistic corpus (bench/corpus.py) from a pipe and sends
 to bench/sink.py in another process, which validates every event with a strict JSON
@@ -27,8 +28,13 @@ TIME = "/usr/bin/time"
 MODES = {
     "naive pyzmq loop": lambda ep: [PY, str(HERE / "naive.py"), ep],
     "zmqpush": lambda ep: [PY, str(HERE.parent / "zmqpush.py"), "-q", "-c", ep],
+    "zmqpush --replay-bytes 0": lambda ep: [PY, str(HERE.parent / "zmqpush.py"), "-q",
+                                            "--replay-bytes", "0", "-c", ep],
     "zmqpush --batch": lambda ep: [PY, str(HERE.parent / "zmqpush.py"), "-q", "--batch",
                                    "-c", ep],
+    "zmqpush --batch --replay-bytes 0": lambda ep: [PY, str(HERE.parent / "zmqpush.py"),
+                                                    "-q", "--batch", "--replay-bytes", "0",
+                                                    "-c", ep],
 }
 
 
