@@ -1259,16 +1259,18 @@ class Sender:
         else:
             self._counters.events_handed += events
 
-    def _spill(self, messages: list, events: list, first: int, replayed: bool = False) -> int:
+    def _spill(self, messages: list, events: list, first: int, replayed: bool = False,
+               whole: bool = False) -> int:
         """Write messages into the transport until its buffer passes the low
-        watermark, or until one goes straight through (ZeroMQ takes them again)."""
+        watermark, or until one goes straight through (ZeroMQ takes them again);
+        all of them if whole.  Returns the next index."""
         index = first
         while index < len(messages):
             self._transport.write([messages[index]])
             self._written_bytes += len(messages[index])
             self._in_transport.append((self._written_bytes, events[index], replayed))
             index += 1
-            if not 0 < self._transport.get_write_buffer_size() <= self._low:
+            if not whole and not 0 < self._transport.get_write_buffer_size() <= self._low:
                 break
         return index
 
@@ -1316,15 +1318,9 @@ class Sender:
         waiting (rsyslog's lines must get replies meanwhile).  aiozmq sends it
         as ZeroMQ takes it; until then new lines wait --confirm-timeout and are
         refused, as after any timeout, so memory stays bounded."""
-        self._spill_all(batch.messages, batch.events)
-        self.window.add(batch)
-
-    def _spill_all(self, messages: list, events: list):
-        for message, nevents in zip(messages, events):
-            self._transport.write([message])
-            self._written_bytes += len(message)
-            self._in_transport.append((self._written_bytes, nevents, True))
+        self._spill(batch.messages, batch.events, 0, replayed=True, whole=True)
         self._settle()
+        self.window.add(batch)
 
     async def send_confirmed(self, batch: Batch, timeout: float, on_line) -> None:
         """--confirm: hand over each message, waiting at most timeout for ZeroMQ

@@ -192,10 +192,12 @@ def test_bad_endpoints_and_options_are_one_line_usage_errors():
 
 
 def test_endpoint_zeromq_refuses_is_a_usage_error_before_reading():
-    proc = run(["-c", "tcp://127.0.0.1:*"], b"x\n", timeout=10)
+    proc = run(["--bind", "tcp://nosuchif0:5555"], b"x\n", timeout=10)
     assert proc.returncode == 2
     assert proc.stderr.decode().startswith("zmqpush: cannot use endpoint")
     assert len(proc.stderr.decode().splitlines()) == 1
+    wildcard = run(["-c", "tcp://127.0.0.1:*"], b"x\n", timeout=10)
+    assert wildcard.returncode == 2 and b"a port is needed" in wildcard.stderr
 
 
 def test_bind_address_in_use_is_a_runtime_error():
