@@ -81,7 +81,7 @@ class Outage:
         feeder.start()
         try:
             for n in range(1, self.restarts + 1):
-                self._wait_received(self.lines * n // (self.restarts + 2), 60)
+                self._wait_received(self.lines * n // (self.restarts + 2), 60, shipper)
                 receiver.send_signal(signal.SIGKILL if self.kill else signal.SIGTERM)
                 receiver.wait(10)
                 time.sleep(0.3)
@@ -104,9 +104,12 @@ class Outage:
         except BrokenPipeError:
             pass
 
-    def _wait_received(self, count: int, timeout: float):
+    def _wait_received(self, count: int, timeout: float, shipper):
+        """Until the receiver wrote count events, or zmqpush exited (all handed
+        over: a restart now shows what the receiver held), or timeout."""
         deadline = time.monotonic() + timeout
-        while self.received_count() < count and time.monotonic() < deadline:
+        while self.received_count() < count and time.monotonic() < deadline \
+                and shipper.poll() is None:
             time.sleep(0.02)
 
     def _wait_quiet(self, quiet: float, timeout: float):
