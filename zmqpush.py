@@ -1324,7 +1324,7 @@ class Sender:
 
     async def send_confirmed(self, batch: Batch, timeout: float, on_line) -> None:
         """--confirm: hand over each message, waiting at most timeout for ZeroMQ
-        to accept it, and call on_line(accepted) as soon as each line is decided.
+        to accept it, and await on_line(accepted) as soon as each line is decided.
 
         A message that timed out stays in the transport (so it may still go out,
         and its retry by rsyslog make a duplicate); while it is there, new
@@ -1341,7 +1341,7 @@ class Sender:
                 self.window.add(batch_of([message], [nevents], [ends]))
             line_ok = line_ok and accepted
             if ends:
-                on_line(line_ok)
+                await on_line(line_ok)
                 line_ok = True
 
     async def _flushed_within(self, timeout: float) -> bool:
@@ -1588,6 +1588,7 @@ class Shipper:
         self._reporter: Reporter | None = None
         self._connections: Connections | None = None
         self._waiting: asyncio.TimerHandle | None = None
+        self._replies: Replies | None = None
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
@@ -1620,6 +1621,8 @@ class Shipper:
             await self._ship()
         finally:
             self._waiting.cancel()
+            if self._replies is not None:
+                self._replies.close()
             self._reader.close()
             self._connections.close()
             self._reporter.stop()
@@ -1658,7 +1661,6 @@ class Shipper:
         read; then cancel and await every task."""
         if self.config.confirm:
             sender = self._confirm_loop()
-            self._say_ready()
         else:
             sender = self._sender.run()
         self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
@@ -1717,17 +1719,16 @@ class Shipper:
         if not self._failed.done():
             self._failed.set_result(None)
 
-    def _say_ready(self):
-        """--confirm: "OK" to rsyslog, or stop reading if nobody can read replies."""
+    async def _confirm_loop(self):
+        """--confirm: the sender loop that replies to rsyslog on stdout: "OK"
+        first, or stop reading if nobody can read replies."""
         if self._stdout_closed:
             warn("stdout was closed at start: nobody can read --confirm replies, "
                  "reading nothing")
             self._reader.stop()
-        elif not reply("OK"):
-            self._reader.stop()
-
-    async def _confirm_loop(self):
-        """--confirm: the sender loop that replies to rsyslog on stdout."""
+        else:
+            self._replies = Replies()
+            await self._reply_to_rsyslog(True)
         while True:
             batch = await self._sender.next_batch()
             if batch is END:
@@ -1739,8 +1740,9 @@ class Shipper:
                 await self._sender.send_confirmed(batch, self.config.confirm_timeout,
                                                   self._reply_to_rsyslog)
 
-    def _reply_to_rsyslog(self, accepted: bool):
-        if not reply("OK" if accepted else "zmqpush: not accepted by ZeroMQ in time"):
+    async def _reply_to_rsyslog(self, accepted: bool):
+        text = "OK" if accepted else "zmqpush: not accepted by ZeroMQ in time"
+        if not await self._replies.say(text):
             self._reader.stop()
 
     async def _close(self, stream, context) -> bool:
@@ -1831,15 +1833,42 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def reply(text: str) -> bool:
-    """--confirm: one protocol line on stdout.  False, with one line on stderr,
-    if it cannot be written (rsyslog has gone, or stdout is /dev/full)."""
-    try:
-        os.write(1, (text + "\n").encode())
+class Replies:
+    """--confirm: protocol lines on stdout, written without ever blocking the
+    loop (while nobody reads them, the confirm loop waits and signals still
+    work).  Owns the descriptor's O_NONBLOCK flag, restored by close()."""
+
+    def __init__(self, fd: int = 1):
+        self._fd = fd
+        self._blocking = os.get_blocking(fd)
+        os.set_blocking(fd, False)
+
+    async def say(self, text: str) -> bool:
+        """Write one line; waits while stdout is full.  False, with one line on
+        stderr, if it cannot be written (rsyslog has gone, stdout is /dev/full)."""
+        data = memoryview((text + "\n").encode())
+        while data:
+            try:
+                data = data[os.write(self._fd, data):]
+            except BlockingIOError:
+                await self._writable()
+            except OSError as exc:
+                warn(f"cannot write --confirm replies on stdout: {exc.strerror}; "
+                     "reading stops")
+                return False
         return True
-    except OSError as exc:
-        warn(f"cannot write --confirm replies on stdout: {exc.strerror}; reading stops")
-        return False
+
+    async def _writable(self):
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        loop.add_writer(self._fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            loop.remove_writer(self._fd)
+
+    def close(self):
+        os.set_blocking(self._fd, self._blocking)
 
 
 def reopen_closed_std_fds() -> set:

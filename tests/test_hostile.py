@@ -6,6 +6,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -492,3 +493,33 @@ def test_on_off_environment_values_must_be_on_or_off():
 def test_connecting_to_port_0_is_a_usage_error():
     proc = run(["-c", "tcp://127.0.0.1:0"], b"x\n", timeout=10)
     assert proc.returncode == 2 and b"a port is needed" in proc.stderr
+
+
+def test_confirm_with_a_stdout_reader_that_stopped_still_obeys_sigterm(receiver):
+    """Replies wait for stdout without blocking the loop: SIGTERM ends the run
+    within --linger even while nobody reads them."""
+    read_end, write_end = os.pipe()
+    proc = start(["--confirm", "-c", receiver.endpoint, "--linger", "1"], stdout=write_end)
+    os.close(write_end)
+    data = b"".join(b"%d\n" % i for i in range(100_000))
+    threading.Thread(target=write_quietly, args=(proc, data), daemon=True).start()
+    try:
+        time.sleep(2)  # the 64 KiB pipe is full of replies by now
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(15)
+        assert time.monotonic() - began < 10
+        assert code in (0, 3)
+        assert b"Traceback" not in proc.stderr.read()
+    finally:
+        os.close(read_end)
+        stop_process(proc)
+
+
+def write_quietly(proc, data: bytes):
+    """Write data to proc's stdin (it may stop reading, or exit)."""
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, ValueError):
+        pass
