@@ -1661,6 +1661,10 @@ class Shipper:
         read; then cancel and await every task."""
         if self.config.confirm:
             sender = self._confirm_loop()
+            if self._stdout_closed:
+                warn("stdout was closed at start: nobody can read --confirm replies, "
+                     "reading nothing")
+                self._reader.stop()
         else:
             sender = self._sender.run()
         self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
@@ -1720,13 +1724,9 @@ class Shipper:
             self._failed.set_result(None)
 
     async def _confirm_loop(self):
-        """--confirm: the sender loop that replies to rsyslog on stdout: "OK"
-        first, or stop reading if nobody can read replies."""
-        if self._stdout_closed:
-            warn("stdout was closed at start: nobody can read --confirm replies, "
-                 "reading nothing")
-            self._reader.stop()
-        else:
+        """--confirm: the sender loop that replies to rsyslog on stdout, "OK"
+        first (unless stdout was closed at start)."""
+        if not self._stdout_closed:
             self._replies = Replies()
             await self._reply_to_rsyslog(True)
         while True:
@@ -1742,8 +1742,8 @@ class Shipper:
 
     async def _reply_to_rsyslog(self, accepted: bool):
         text = "OK" if accepted else "zmqpush: not accepted by ZeroMQ in time"
-        if not await self._replies.say(text):
-            self._reader.stop()
+        if self._replies is None or not await self._replies.say(text):
+            self._reader.stop()  # no stdout, or rsyslog has gone
 
     async def _close(self, stream, context) -> bool:
         """Close with what is left of --linger.  True if ZeroMQ delivered all it
