@@ -424,9 +424,9 @@ def check_field_key(key: str, fields: list):
         raise UsageError(f"field {key!r} given twice")
 
 
-def check_endpoint(endpoint: str) -> str:
+def check_endpoint(endpoint: str, connecting: bool = False) -> str:
     """Return endpoint if it is well formed, valid UTF-8 and can reach another
-    process, else raise UsageError."""
+    process (and, to connect to, names a port), else raise UsageError."""
     utf8(endpoint, "endpoint")
     if endpoint.startswith("inproc://"):
         raise UsageError(f"endpoint {endpoint!r}: inproc:// cannot reach another process")
@@ -435,6 +435,8 @@ def check_endpoint(endpoint: str) -> str:
     if not match or (endpoint.startswith("tcp://") and port != "*" and int(port) > 65535):
         raise UsageError(f"bad endpoint {endpoint!r} (expected e.g. tcp://HOST:PORT, "
                          "ipc://PATH)")
+    if connecting and endpoint.startswith("tcp://") and port in ("*", "0"):
+        raise UsageError(f"cannot connect to {endpoint!r}: a port is needed")
     return endpoint
 
 
@@ -451,10 +453,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     opt = {action.dest: (getattr(args, action.dest) if getattr(args, action.dest, None)
                          is not None else env.get(action.dest))
            for action in parser._actions}
-    connect = [check_endpoint(e) for e in opt["connect"] or []]
-    for endpoint in connect:
-        if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1] in ("*", "0"):
-            raise UsageError(f"cannot connect to {endpoint!r}: a port is needed")
+    connect = [check_endpoint(e, connecting=True) for e in opt["connect"] or []]
     bind = [check_endpoint(e) for e in opt["bind"] or []]
     if not connect and not bind:
         connect = [DEFAULT_ENDPOINT]
