@@ -2,8 +2,10 @@
 """zmqpush: read log lines on stdin, push them as JSON over a ZeroMQ PUSH socket.
 
 Every line becomes {"message":LINE,"type":LOGTYPE,"@pid":PID}, the wire format
-the Logstash zeromq input (codec json) turns into one event.  Data flows
-options -> encoding -> reading -> sending -> lifecycle, and so does this file.
+the Logstash zeromq input (codec json) turns into one event.  The file is in
+dependency order, each part before its first user: options, encoding, reading
+(which encodes), sending (which takes what reading queued), lifecycle (which
+wires them).
 """
 from __future__ import annotations
 
@@ -32,10 +34,12 @@ import json.encoder
 import re
 import select
 import socket
+import stat
 import struct
 import sys
 import termios
 import time
+from codecs import utf_8_decode as _utf8_decode
 from typing import NamedTuple
 
 __version__ = "1.0.0"
@@ -85,6 +89,19 @@ MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
 
 # ---------------------------------------------------------------- options --
 # Owns the command line, its ZMQPUSH_* environment twins and their validation.
+
+def write_stderr(text: str):
+    """Write to stderr; never fails (stderr may be a closed pipe)."""
+    try:
+        os.write(2, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def warn(text: str):
+    """One diagnostic line on stderr, prefixed "zmqpush: "."""
+    write_stderr(f"zmqpush: {text}\n")
+
 
 ENDPOINT_RE = re.compile(r"^(tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(\d{1,5}|\*)"
                          r"|ipc://\S+)$")
@@ -535,6 +552,11 @@ _escape = json.encoder.c_encode_basestring or json.encoder.py_encode_basestring
 _SPECIAL = bytes([0x22, 0x5C, *range(0x20)]).replace(b"\n", b"")
 _NOT_SPECIAL = bytes(b for b in range(256) if b not in _SPECIAL)
 _ESCAPES = {b: (json.dumps(chr(b))[1:-1]).encode() for b in _SPECIAL}
+# translate() returns its very input when the table changes no byte of it; a
+# deletion table, by contrast, is built anew at every call (256 steps), which
+# a single line cannot amortise.  Inputs this short take that test first.
+_SPECIAL_TO_NEWLINE = bytes(0x0A if b in _SPECIAL else b for b in range(256))
+SMALL_INPUT = 2048
 # A raw NUL never survives escaping, so it can split encoded messages.
 _MESSAGE_MARK = b"\x00"
 
@@ -559,17 +581,45 @@ def _json_value(value) -> bytes:
     return _json_string(value)
 
 
-def valid_utf8(lines: bytes) -> bytes:
+def valid_utf8(lines: bytes, window: int = 4096) -> bytes:
     """lines with each invalid UTF-8 sequence replaced by U+FFFD, exactly as
     decode("utf-8", "replace") would; valid lines come back as they are.
-    (Decoding in slices, or only from the first error on, measured slower on
-    real chunks: the cost is building the text, not finding the error.)"""
-    if not lines.isascii():
-        try:
-            lines.decode("utf-8")
-        except UnicodeDecodeError:
-            return lines.decode("utf-8", "replace").encode("utf-8")
+
+    A chunk with an invalid byte is repaired from its first error on, decoding
+    `window` bytes at a time to find the next one and keeping the valid bytes
+    as they are (decoding the whole chunk and encoding it again builds a text
+    of up to four bytes a character: the cost this avoids).  Past one error
+    per REPAIR_SPACING bytes the rest is decoded and encoded whole: one
+    exception per error would cost more."""
+    if lines.isascii():
+        return lines
+    try:
+        lines.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _repair_utf8(memoryview(lines), exc.start, exc.end, window)
     return lines
+
+
+_REPLACEMENT = "\ufffd".encode()
+REPAIR_SPACING = 512
+
+
+def _repair_utf8(view: memoryview, start: int, end: int, window: int) -> bytes:
+    """view with its invalid sequences replaced; the first is view[start:end]."""
+    parts, kept, pos, size = [view[:start], _REPLACEMENT], end, end, len(view)
+    for _ in range(16 + size // REPAIR_SPACING):
+        try:
+            while pos < size:
+                pos += _utf8_decode(view[pos:pos + window], "strict", pos + window >= size)[1]
+            break
+        except UnicodeDecodeError as exc:
+            parts += (view[kept:pos + exc.start], _REPLACEMENT)
+            pos = kept = pos + exc.end
+    else:
+        parts.append(str(view[kept:], "utf-8", "replace").encode("utf-8"))
+        return b"".join(parts)
+    parts.append(view[kept:])
+    return b"".join(parts)
 
 
 def escape_utf8_lines(lines: bytes) -> bytes:
@@ -579,6 +629,8 @@ def escape_utf8_lines(lines: bytes) -> bytes:
     occur cost a pass each.
     """
     lines = valid_utf8(lines)
+    if len(lines) <= SMALL_INPUT and lines.translate(_SPECIAL_TO_NEWLINE) is lines:
+        return lines  # nothing to escape, told without building a deletion table
     present = lines.translate(None, _NOT_SPECIAL)
     if present:
         if b"\\" in present:
@@ -612,6 +664,8 @@ class Encoder:
         self._array_bytes = array_bytes
         self._run_id = run_id
         self._sequence = 0
+        self._plain = not (batch or timestamp or run_id is not None)
+        self._between = self._tail + b"}" + _MESSAGE_MARK + self._head
 
     def encode(self, lines: bytes, strip_cr: bool = True, continues: bool = False,
                read_at: float = 0.0) -> tuple:
@@ -624,6 +678,9 @@ class Encoder:
         """
         if strip_cr and b"\r" in lines:
             lines = lines.replace(b"\r\n", b"\n")
+        if self._plain and not continues:  # the common case: tails made once
+            return self._split((self._head + escape_utf8_lines(lines)).replace(
+                b"\n", self._between))
         tail = self._tail
         if self._timestamp:
             tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
@@ -633,14 +690,20 @@ class Encoder:
         if self._run_id is not None:
             return self._encode_with_ids(escaped, tail)
         tail += b"}"
-        between = tail + (b"," if self._batch else _MESSAGE_MARK) + self._head
-        body = escaped.replace(b"\n", between)
-        count = (len(body) - len(escaped)) // (len(between) - 1)
-        end = len(body) - len(between)  # the last line's own tail comes next
         if self._batch:
-            return self._arrays(body, end, between, tail)
-        messages = b"".join((self._head, memoryview(body)[:end], tail)).split(_MESSAGE_MARK)
-        return messages, [1] * count
+            between = tail + b"," + self._head
+            body = escaped.replace(b"\n", between)
+            return self._arrays(body, len(body) - len(between), between, tail)
+        return self._split((self._head + escaped).replace(
+            b"\n", tail + _MESSAGE_MARK + self._head))
+
+    @staticmethod
+    def _split(body: bytes) -> tuple:
+        """Default mode: each line's newline became its tail, a mark and the
+        next head; split at the marks (the last piece is a head no line follows)."""
+        messages = body.split(_MESSAGE_MARK)
+        messages.pop()
+        return messages, [1] * len(messages)
 
     def _arrays(self, body: bytes, end: int, between: bytes, tail: bytes) -> tuple:
         """body[:end] (events joined by between) as arrays of at most array_bytes,
@@ -690,6 +753,25 @@ class Encoder:
 # Owns stdin: non-blocking reads woken by an edge-triggered epoll, line framing,
 # and the byte-bounded queue that carries encoded messages to the sender.
 
+class Counters:
+    """What happened so far, counted where it happens (reader, sender, monitor)."""
+
+    def __init__(self):
+        self.bytes_read = 0
+        self.events_read = 0
+        self.events_handed = 0
+        self.events_dropped = 0
+        self.pieces = 0
+        self.drain_waits = 0
+        self.connected = 0
+        self.disconnects = 0
+        self.events_replayed = 0
+
+    def not_handed(self) -> int:
+        """Events read and not dropped that ZeroMQ has not accepted (yet)."""
+        return self.events_read - self.events_dropped - self.events_handed
+
+
 class Segment(NamedTuple):
     """A run of complete lines, or one piece of an over-long line."""
 
@@ -715,6 +797,8 @@ class LineFramer:
     def feed(self, data: bytes) -> list:
         """Segments completed by data, in order."""
         newline = data.rfind(b"\n")
+        if 0 <= newline == len(data) - 1 and newline <= self._max and not self._pending:
+            return [Segment(data)]  # whole short lines, nothing held: the common read
         if newline < 0:
             self._pending += data
             return self._split_pending()
@@ -733,11 +817,9 @@ class LineFramer:
 
     def _segments(self, complete: bytes) -> list:
         """complete (whole lines) as Segments, over-long lines split into pieces."""
-        if len(complete) <= self._max + 1:
+        if lines_within(complete, self._max):
             return [Segment(complete)]
         lines = complete.split(b"\n")[:-1]
-        if max(map(len, lines)) <= self._max:
-            return [Segment(complete)]
         out, run = [], []
         for line in lines:
             if len(line) <= self._max + (line[-1:] == b"\r"):
@@ -782,213 +864,17 @@ class LineFramer:
         return cut
 
 
-class Batch(NamedTuple):
-    """What the reader hands the sender: encoded messages of one read.
-
-    nbytes is what the Batch costs in memory: its messages' lengths plus
-    MESSAGE_OVERHEAD each, so that many tiny messages count for what they hold.
-    A replayed Batch is one sent again after a receiver went away."""
-
-    messages: list
-    events: list  # events carried by each message (1, or lines in a batch array)
-    ends_line: list  # False for a piece that the next message continues
-    nbytes: int
-    replayed: bool = False
-
-
-# Bytes a queued message costs beyond its length: the bytes object's header,
-# its slots in the Batch's three lists, and the allocator's rounding; and what
-# a Batch itself costs (the tuple and its three lists).
-MESSAGE_OVERHEAD = 80
-BATCH_OVERHEAD = 512
-
-
-def batch_of(messages: list, events: list, ends_line: list, replayed: bool = False) -> Batch:
-    """A Batch of these messages, with its memory cost."""
-    nbytes = sum(map(len, messages)) + MESSAGE_OVERHEAD * len(messages) + BATCH_OVERHEAD
-    return Batch(messages, events, ends_line, nbytes, replayed)
-
-
-class ByteQueue(asyncio.Queue):
-    """asyncio.Queue bounded by the total nbytes of its Batches, not their count.
-
-    put() waits while the queue holds maxsize bytes or more, so it holds at
-    most maxsize bytes plus one Batch, plus what put_first() adds past the bound.
-    """
-
-    def _init(self, maxsize):
-        super()._init(maxsize)
-        self.nbytes = 0
-
-    def _put(self, item):
-        self.nbytes += item.nbytes
-        super()._put(item)
-
-    def _get(self):
-        item = super()._get()
-        self.nbytes -= item.nbytes
-        return item
-
-    def put_first(self, item):
-        """Put item at the head of the queue at once, past the bound (a replay
-        is already held in memory, and waiting for room could deadlock)."""
-        self._queue.appendleft(item)
-        self.nbytes += item.nbytes
-        self._wakeup_next(self._getters)
-
-    def full(self) -> bool:
-        return self.nbytes >= self.maxsize
-
-    def events(self) -> int:
-        """Events waiting in the queue."""
-        return sum(sum(b.events) for b in self._queue if b is not END)
-
-
-class _End(NamedTuple):
-    nbytes: int = 0
-
-
-END = _End()
-
-
-class InputError(Exception):
-    """Reading stdin failed; raised by StdinReader.run() once END is queued."""
-
-
-class StdinReader:
-    """Reads fd until EOF, stop() or a read error, framing and encoding, feeding
-    a ByteQueue.
-
-    Owns the descriptor's O_NONBLOCK flag (restored by close()) and the epoll
-    object.  While the queue is full it stops reading (policy "block": the
-    pipe fills and the producer blocks) or drops and counts (policy "drop").
-    Regular files, /dev/null, /dev/zero and the like cannot be polled: they are
-    read directly, always with policy "block" (nothing upstream waits on them,
-    so dropping would only lose lines).  It yields to the loop after every
-    read, so signals, timers and the sender run even when reads never block.
-    `ended` is set at EOF or stop(), even while the last puts still wait for room.
-    """
-
-    def __init__(self, fd: int, queue: ByteQueue, *, encoder: Encoder, framer: LineFramer,
-                 counters: Counters, read_bytes: int, drop_when_full: bool):
-        self._fd = fd
-        self._queue = queue
-        self._encoder = encoder
-        self._framer = framer
-        self._counters = counters
-        self._read_bytes = read_bytes
-        self._stopping = False
-        self.ended = asyncio.Event()
-        self._read_at = time.time()
-        self._waiter: asyncio.Future | None = None
-        self._loop = asyncio.get_running_loop()
-        self._flags = None
-        self._epoll = self._watch()
-        self._drop = drop_when_full and self._epoll is not None
-
-    def _watch(self):
-        """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
-        epoll = select.epoll()
-        try:
-            epoll.register(self._fd, select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET)
-        except PermissionError:
-            epoll.close()
-            return None
-        self._flags = os.get_blocking(self._fd)
-        os.set_blocking(self._fd, False)
-        self._loop.add_reader(epoll.fileno(), self._on_epoll)
-        return epoll
-
-    def _on_epoll(self):
-        self._epoll.poll(0)
-        self._wake()
-
-    def _wake(self):
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def stop(self):
-        """Stop reading soon; what was read (an unfinished line too) is still sent."""
-        self._stopping = True
-        self.ended.set()
-        self._wake()
-
-    def close(self):
-        """Unwatch and restore the descriptor's blocking flag."""
-        if self._epoll is not None:
-            self._loop.remove_reader(self._epoll.fileno())
-            self._epoll.close()
-            self._epoll = None
-        if self._flags is not None:
-            os.set_blocking(self._fd, self._flags)
-            self._flags = None
-
-    async def run(self):
-        """Read until EOF, stop() or a read error; then hand over the unfinished
-        line and END.  A read error is raised after that, as InputError: what
-        was read before it is still delivered."""
-        failure = None
-        while not self._stopping:
-            try:
-                data = await self._read()
-            except OSError as exc:
-                failure = exc
-                break
-            if not data:
-                break
-            self._read_at = time.time()
-            await self._hand_over(self._framer.feed(data), len(data))
-            await asyncio.sleep(0)
-        self.ended.set()
-        await self._hand_over(self._framer.finish(), 0)
-        await self._queue.put(END)
-        if failure is not None:
-            raise InputError(failure.strerror or str(failure)) from failure
-
-    async def _read(self) -> bytes:
-        """The next bytes of stdin; waits on epoll when none are ready.
-        Returns b"" at EOF or when stopped."""
-        while not self._stopping:
-            try:
-                return os.read(self._fd, self._read_bytes)
-            except BlockingIOError:
-                self._waiter = self._loop.create_future()
-                await self._waiter
-                self._waiter = None
-            except OSError as exc:
-                if exc.errno == errno.EIO:
-                    return b""
-                raise
-        return b""
-
-    async def _hand_over(self, segments: list, nread: int):
-        """Encode segments and queue them as Batches of about ENCODE_LINES
-        lines at most (or drop them when the queue is full)."""
-        self._counters.bytes_read += nread
-        messages, events, ends = [], [], []
-        lines = 0
-        for seg in bounded_segments(segments, ENCODE_LINES):
-            encoded, counts = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
-                                                   self._read_at)
-            messages += encoded
-            events += counts
-            ends += [True] * (len(encoded) - 1) + [not seg.continues]
-            self._counters.pieces += seg.continues
-            lines += sum(counts)
-            if lines >= ENCODE_LINES:
-                await self._queue_batch(batch_of(messages, events, ends))
-                messages, events, ends = [], [], []
-                lines = 0
-        if messages:
-            await self._queue_batch(batch_of(messages, events, ends))
-
-    async def _queue_batch(self, batch: Batch):
-        nevents = sum(batch.events)
-        self._counters.events_read += nevents
-        if self._drop and self._queue.full():
-            self._counters.events_dropped += nevents
-            return
-        await self._queue.put(batch)
+def lines_within(data: bytes, most: int) -> bool:
+    """True if no line of data (which ends in b"\\n") is longer than `most`
+    bytes.  One search per `most` bytes, none per line: each looks for the last
+    newline within `most` + 1 bytes of the current line's start."""
+    start = 0
+    while len(data) - start > most + 1:
+        newline = data.rfind(b"\n", start, start + most + 1)
+        if newline < 0:
+            return False
+        start = newline + 1
+    return True
 
 
 # Lines encoded, and messages queued, in one go at most: a read of empty lines
@@ -1019,9 +905,270 @@ def bounded_segments(segments: list, most: int) -> list:
     return out
 
 
+class Parcel(NamedTuple):
+    """The queue's unit, what the reader hands the sender: the encoded messages
+    of one read (or of about ENCODE_LINES lines of it).
+
+    nbytes is what the Parcel costs in memory: its messages' lengths plus
+    MESSAGE_OVERHEAD each, so that many tiny messages count for what they hold.
+    A replayed Parcel is one sent again after a receiver went away."""
+
+    messages: list
+    events: list  # events carried by each message (1, or lines in a batch array)
+    ends_line: list  # False for a piece that the next message continues
+    nbytes: int
+    replayed: bool = False
+
+
+# Bytes a queued message costs beyond its length: the bytes object's header,
+# its slots in the Parcel's three lists, and the allocator's rounding; and what
+# a Parcel itself costs (the tuple and its three lists).
+MESSAGE_OVERHEAD = 80
+PARCEL_OVERHEAD = 512
+
+
+def parcel_of(messages: list, events: list, ends_line: list, replayed: bool = False) -> Parcel:
+    """A Parcel of these messages, with its memory cost."""
+    nbytes = sum(map(len, messages)) + MESSAGE_OVERHEAD * len(messages) + PARCEL_OVERHEAD
+    return Parcel(messages, events, ends_line, nbytes, replayed)
+
+
+class ByteQueue(asyncio.Queue):
+    """asyncio.Queue bounded by the total nbytes of its Parcels, not their count.
+
+    put() waits while the queue holds maxsize bytes or more, so it holds at
+    most maxsize bytes plus one Parcel, plus what put_first() adds past the bound.
+    """
+
+    def _init(self, maxsize):
+        super()._init(maxsize)
+        self.nbytes = 0
+
+    def put_nowait(self, item):
+        """Put item (the bound is put()'s to wait for: this never refuses).
+        Parcels are not counted for task_done() and join(), which nothing uses."""
+        self._queue.append(item)
+        self.nbytes += item.nbytes
+        if self._getters:
+            self._wakeup_next(self._getters)
+
+    def get_nowait(self):
+        """The oldest item; QueueEmpty if there is none."""
+        if not self._queue:
+            raise asyncio.QueueEmpty
+        item = self._queue.popleft()
+        self.nbytes -= item.nbytes
+        if self._putters:
+            self._wakeup_next(self._putters)
+        return item
+
+    def put_first(self, item):
+        """Put item at the head of the queue at once, past the bound (a replay
+        is already held in memory, and waiting for room could deadlock)."""
+        self._queue.appendleft(item)
+        self.nbytes += item.nbytes
+        self._wakeup_next(self._getters)
+
+    def full(self) -> bool:
+        return self.nbytes >= self.maxsize
+
+    def events(self) -> int:
+        """Events waiting in the queue."""
+        return sum(sum(p.events) for p in self._queue if p is not END)
+
+
+class _End(NamedTuple):
+    nbytes: int = 0
+
+
+END = _End()
+
+
+class InputError(Exception):
+    """Reading stdin failed; raised by StdinReader.run() once END is queued."""
+
+
+_HANG_UP = select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR
+
+
+class StdinReader:
+    """Reads fd until EOF, stop() or a read error, framing and encoding, feeding
+    a ByteQueue.
+
+    Owns the descriptor's O_NONBLOCK flag (restored by close()) and the epoll
+    object.  While the queue is full it stops reading (policy "block": the
+    pipe fills and the producer blocks) or drops and counts (policy "drop").
+    Regular files, /dev/null, /dev/zero and the like cannot be polled: they are
+    read directly, always with policy "block" (nothing upstream waits on them,
+    so dropping would only lose lines).
+
+    It yields to the loop after every read, so signals, timers and the sender
+    run even when reads never block.  A short read from a pipe or a socket
+    emptied it (the kernel returns all it holds, up to the size asked for),
+    and anything written later raises a new edge: the reader then waits for
+    that edge at once, which is its yield, instead of reading again to be told
+    EAGAIN.  Once epoll has reported the writer gone (no edge follows EOF) it
+    reads on until EOF.  `ended` is set at EOF or stop(), even while the last
+    puts still wait for room.
+    """
+
+    def __init__(self, fd: int, queue: ByteQueue, *, encoder: Encoder, framer: LineFramer,
+                 counters: Counters, read_bytes: int, drop_when_full: bool):
+        self._fd = fd
+        self._queue = queue
+        self._encoder = encoder
+        self._framer = framer
+        self._counters = counters
+        self._read_bytes = read_bytes
+        self._stopping = False
+        self.ended = asyncio.Event()
+        self._read_at = time.time()
+        self._waiter: asyncio.Future | None = None
+        self._edge_seen = False  # epoll reported input since the last read began
+        self._hung_up = False  # epoll reported the writer gone: no edge comes after EOF
+        self._loop = asyncio.get_running_loop()
+        self._flags = None
+        self._epoll = self._watch()
+        self._drop = drop_when_full and self._epoll is not None
+        mode = os.fstat(fd).st_mode
+        self._short_read_empties = self._epoll is not None and (
+            stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))
+
+    def _watch(self):
+        """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
+        epoll = select.epoll()
+        try:
+            epoll.register(self._fd, select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET)
+        except PermissionError:
+            epoll.close()
+            return None
+        self._flags = os.get_blocking(self._fd)
+        os.set_blocking(self._fd, False)
+        self._loop.add_reader(epoll.fileno(), self._on_epoll)
+        return epoll
+
+    def _on_epoll(self):
+        for _, mask in self._epoll.poll(0):
+            self._hung_up = self._hung_up or bool(mask & _HANG_UP)
+        self._edge_seen = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _wake(self):
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def stop(self):
+        """Stop reading soon; what was read (an unfinished line too) is still sent."""
+        self._stopping = True
+        self.ended.set()
+        self._wake()
+
+    def close(self):
+        """Unwatch and restore the descriptor's blocking flag."""
+        if self._epoll is not None:
+            self._loop.remove_reader(self._epoll.fileno())
+            self._epoll.close()
+            self._epoll = None
+        if self._flags is not None:
+            os.set_blocking(self._fd, self._flags)
+            self._flags = None
+
+    async def run(self):
+        """Read until EOF, stop() or a read error; then hand over the unfinished
+        line and END.  A read error is raised after that, as InputError: what
+        was read before it is still delivered."""
+        failure, empty = None, False
+        while not self._stopping:
+            if empty:
+                await self._edge()
+            else:
+                await asyncio.sleep(0)
+            try:
+                data = await self._read()
+            except OSError as exc:
+                failure = exc
+                break
+            if not data:
+                break
+            self._read_at = time.time()
+            await self._hand_over(self._framer.feed(data), len(data))
+            empty = (self._short_read_empties and not self._hung_up
+                     and len(data) < self._read_bytes)
+        self.ended.set()
+        await self._hand_over(self._framer.finish(), 0)
+        await self._queue.put(END)
+        if failure is not None:
+            raise InputError(failure.strerror or str(failure)) from failure
+
+    async def _edge(self):
+        """Wait until epoll has reported input since the last read began (or
+        stop()); an edge seen while the reader was busy ends the wait at once."""
+        if not self._edge_seen and not self._stopping:
+            self._waiter = self._loop.create_future()
+            await self._waiter
+            self._waiter = None
+
+    async def _read(self) -> bytes:
+        """The next bytes of stdin; waits on epoll when none are ready.
+        Returns b"" at EOF or when stopped."""
+        while not self._stopping:
+            self._edge_seen = False
+            try:
+                return os.read(self._fd, self._read_bytes)
+            except BlockingIOError:
+                await self._edge()
+            except OSError as exc:
+                if exc.errno == errno.EIO:
+                    return b""
+                raise
+        return b""
+
+    async def _hand_over(self, segments: list, nread: int):
+        """Encode segments and queue them as Parcels of about ENCODE_LINES
+        lines at most (or drop them when the queue is full)."""
+        self._counters.bytes_read += nread
+        if len(segments) == 1 and len(segments[0].lines) <= ENCODE_LINES:
+            seg = segments[0]  # the common case, at most ENCODE_LINES lines
+            messages, events = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
+                                                    self._read_at)
+            ends = [True] * len(messages)
+            if seg.continues:
+                self._counters.pieces += 1
+                ends[-1] = False
+            await self._queue_parcel(parcel_of(messages, events, ends), sum(events))
+            return
+        messages, events, ends = [], [], []
+        lines = 0
+        for seg in bounded_segments(segments, ENCODE_LINES):
+            encoded, counts = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
+                                                   self._read_at)
+            messages += encoded
+            events += counts
+            ends += [True] * (len(encoded) - 1) + [not seg.continues]
+            self._counters.pieces += seg.continues
+            lines += sum(counts)
+            if lines >= ENCODE_LINES:
+                await self._queue_parcel(parcel_of(messages, events, ends), lines)
+                messages, events, ends = [], [], []
+                lines = 0
+        if messages:
+            await self._queue_parcel(parcel_of(messages, events, ends), lines)
+
+    async def _queue_parcel(self, parcel: Parcel, nevents: int):
+        self._counters.events_read += nevents
+        queue = self._queue
+        if queue.nbytes < queue.maxsize:
+            queue.put_nowait(parcel)
+        elif self._drop:
+            self._counters.events_dropped += nevents
+        else:
+            await queue.put(parcel)
+
+
 # ---------------------------------------------------------------- sending --
-# Owns the PUSH socket: its options, the aiozmq stream, flow control, and what
-# was handed to ZeroMQ.
+# Owns the PUSH socket (options, endpoints, connection monitor, closing), the
+# replay window and its policy, flow control, and confirm mode's replies.
 
 def import_aiozmq():
     """Import aiozmq, also on Python 3.14+ where its module import fails.
@@ -1090,275 +1237,6 @@ async def open_stream(config: Config, on_socket=None):
         context.term()
         raise
     return stream, context
-
-
-class ReplayWindow:
-    """The Batches handed to ZeroMQ most recently, kept by reference (no copy):
-    what may still be in flight to a receiver, and so what is sent again when
-    one goes away.  It keeps the newest Batches whose nbytes add up to at least
-    `limit` (so it may exceed it by one Batch), dropping the oldest; limit 0
-    keeps nothing (at-most-once, the original's behaviour)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.nbytes = 0
-        self._batches: collections.deque = collections.deque()
-
-    def add(self, batch: Batch):
-        if not self.limit:
-            return
-        self._batches.append(batch)
-        self.nbytes += batch.nbytes
-        while self.nbytes - self._batches[0].nbytes >= self.limit:
-            self.nbytes -= self._batches.popleft().nbytes
-
-    def take(self) -> list:
-        """Every Batch held, oldest first; the window is empty afterwards."""
-        batches, self._batches, self.nbytes = list(self._batches), collections.deque(), 0
-        return batches
-
-    def clear(self):
-        self.take()
-
-
-class Sender:
-    """Takes Batches from the queue and hands their messages to ZeroMQ, in order,
-    keeping each handed Batch in a ReplayWindow.
-
-    Messages go straight to the socket with DONTWAIT.  When ZeroMQ would block,
-    the sender spills messages into the aiozmq transport's buffer until that
-    buffer passes its low watermark (or a message goes straight through again),
-    then awaits drain() until aiozmq has sent all of the spill (the transport's
-    limits are lowered to zero for that wait, so drain() returns exactly when
-    the buffer is empty), then goes back to direct sends.  It takes nothing
-    from the queue meanwhile, so what it holds is one Batch plus at most the
-    low watermark and one message.
-
-    aiozmq sends its buffer one message per event-loop turn, about ten times
-    the cost of a direct send: hence the default low watermark of 0 (spill only
-    the refused message) and the backend's send, which skips pyzmq's wrapper.
-
-    ZeroMQ's own queue counts messages, not bytes: for a Batch with large
-    messages SNDHWM is lowered so that the queue holds about PIPE_BYTES of them
-    (in batch mode arrays are capped instead).  It is never raised again:
-    raising it on a live pipe was seen to stall libzmq 4.3's flow control.
-    """
-
-    def __init__(self, stream, queue: ByteQueue, counters: Counters, config: Config,
-                 unsent_bytes=lambda: 0):
-        import zmq
-        self._again = zmq.Again
-        self._dontwait = zmq.DONTWAIT
-        self._sndhwm_option = zmq.SNDHWM
-        self._stream = stream
-        self._transport = stream.transport
-        self._sock = stream.transport.get_extra_info("zmq_socket")
-        self._send_frame = zmq.backend.Socket.send.__get__(self._sock)  # bytes only
-        self._low, self._high = self._transport.get_write_buffer_limits()
-        self._queue = queue
-        self._counters = counters
-        self._sndhwm = self._most_sndhwm = config.sndhwm
-        self._fit_pipe = not config.batch
-        self.window = ReplayWindow(config.replay_bytes)
-        self._loop = asyncio.get_running_loop()
-        self._unsent_bytes = unsent_bytes
-        self._pressed = False  # ZeroMQ refused a message since the last quiet check
-        self._calm_checks = 0
-        self._quiet_timer: asyncio.TimerHandle | None = None
-        self._current: Batch | None = None
-        self._handed = 0  # messages of _current handed to ZeroMQ so far
-        # (bytes written to the transport so far, events in that message, replayed)
-        self._in_transport: collections.deque = collections.deque()
-        self._written_bytes = 0
-
-    async def run(self):
-        """Send Batches until END, then until the queue (replays) and the
-        transport buffer are empty."""
-        while True:
-            batch = await self.next_batch()
-            if batch is END:
-                break
-            await self.send(batch)
-        while not self._queue.empty():
-            await self.send(self._queue.get_nowait())
-        await self.flush()
-
-    async def next_batch(self):
-        """The next Batch (or END) from the queue.  While it waits on an empty
-        queue with nothing in the transport the sender is idle, and quiet checks
-        run (see _check_quiet)."""
-        if self._queue.empty() and not self.buffered_bytes() and self.window.nbytes:
-            self._calm_checks = 0
-            self._quiet_timer = self._loop.call_later(REPLAY_QUIET, self._check_quiet)
-        try:
-            return await self._queue.get()
-        finally:
-            if self._quiet_timer is not None:
-                self._quiet_timer.cancel()
-                self._quiet_timer = None
-
-    def _check_quiet(self):
-        """Idle: empty the window once receivers have taken what was in flight,
-        which is taken to be when two checks REPLAY_QUIET apart both find that
-        ZeroMQ refused nothing since the check before (no backpressure) and that
-        the kernel holds nothing unacknowledged on any connection.  Until then
-        it checks again (only while idle with a window, so a backlogged
-        receiver costs two wake-ups a second, and an idle one none)."""
-        calm = not self._pressed and not self._unsent_bytes()
-        self._pressed = False
-        self._calm_checks = self._calm_checks + 1 if calm else 0
-        if self._calm_checks >= 2:
-            self.window.clear()
-            self._quiet_timer = None
-        else:
-            self._quiet_timer = self._loop.call_later(REPLAY_QUIET, self._check_quiet)
-
-    async def send(self, batch: Batch):
-        """Hand all of batch's messages over in order (waits while ZeroMQ would
-        block), then keep batch in the replay window."""
-        self._current, self._handed = batch, 0
-        if self._fit_pipe:
-            self._fit_sndhwm(batch.messages)
-        messages, events = batch.messages, batch.events
-        while self._handed < len(messages):
-            sent = self._send_directly(messages, events, self._handed, batch.replayed)
-            self._handed = sent
-            if sent < len(messages):
-                self._pressed = True
-                spilled = self._spill(messages, events, sent, batch.replayed)
-                await self.flush()
-                self._handed = spilled
-        self._current = None
-        self.window.add(batch)
-
-    def _fit_sndhwm(self, messages: list):
-        """Lower SNDHWM so that ZeroMQ holds about PIPE_BYTES of messages this large."""
-        largest = max(map(len, messages), default=1)
-        want = max(1, min(self._most_sndhwm, PIPE_BYTES // max(1, largest)))
-        if want < self._sndhwm:
-            self._sock.setsockopt(self._sndhwm_option, want)
-            self._sndhwm = want
-
-    def _send_directly(self, messages: list, events: list, first: int,
-                       replayed: bool = False) -> int:
-        """Send from messages[first] on until ZeroMQ would block; returns the next index."""
-        send, flags, sent = self._send_frame, self._dontwait, first
-        try:
-            for message in messages[first:] if first else messages:
-                send(message, flags)
-                sent += 1
-        except self._again:
-            pass
-        self._count_handed(sum(events[first:sent]), replayed)
-        return sent
-
-    def _count_handed(self, events: int, replayed: bool):
-        if replayed:
-            self._counters.events_replayed += events
-        else:
-            self._counters.events_handed += events
-
-    def _spill(self, messages: list, events: list, first: int, replayed: bool = False,
-               whole: bool = False) -> int:
-        """Write messages into the transport until its buffer passes the low
-        watermark, or until one goes straight through (ZeroMQ takes them again);
-        all of them if whole.  Returns the next index."""
-        index = first
-        while index < len(messages):
-            self._transport.write([messages[index]])
-            self._written_bytes += len(messages[index])
-            self._in_transport.append((self._written_bytes, events[index], replayed))
-            index += 1
-            if not whole and not 0 < self._transport.get_write_buffer_size() <= self._low:
-                break
-        return index
-
-    async def flush(self):
-        """Wait until aiozmq has handed its whole buffer to ZeroMQ."""
-        if self._transport.get_write_buffer_size():
-            self._counters.drain_waits += 1
-            self._transport.set_write_buffer_limits(high=0, low=0)
-            try:
-                await self._stream.drain()
-            finally:
-                self._transport.set_write_buffer_limits(high=self._high, low=self._low)
-        self._settle()
-
-    def _settle(self):
-        """Count events that left the transport buffer for ZeroMQ."""
-        sent_bytes = self._written_bytes - self._transport.get_write_buffer_size()
-        while self._in_transport and self._in_transport[0][0] <= sent_bytes:
-            _, events, replayed = self._in_transport.popleft()
-            self._count_handed(events, replayed)
-
-    def replay_in_flight(self) -> int:
-        """A receiver went away: put what may have been in flight to it (the
-        window, and what was handed of the Batch being sent) at the head of the
-        queue, to be sent again.  Nothing once the window was emptied (see
-        _check_quiet).  Returns the events requeued."""
-        if not self.window.limit:
-            return 0
-        batches = self.window.take()
-        if self._current is not None and self._handed:
-            batches.append(self._current._replace(
-                messages=self._current.messages[:self._handed],
-                events=self._current.events[:self._handed],
-                ends_line=self._current.ends_line[:self._handed]))
-        if not batches:
-            return 0
-        replay = batch_of([m for b in batches for m in b.messages],
-                          [e for b in batches for e in b.events],
-                          [True for b in batches for _ in b.messages], replayed=True)
-        self._queue.put_first(replay)
-        return sum(replay.events)
-
-    def spill_replay(self, batch: Batch):
-        """--confirm: write a replayed Batch into the transport at once, without
-        waiting (rsyslog's lines must get replies meanwhile).  aiozmq sends it
-        as ZeroMQ takes it; until then new lines wait --confirm-timeout and are
-        refused, as after any timeout, so memory stays bounded."""
-        self._spill(batch.messages, batch.events, 0, replayed=True, whole=True)
-        self._settle()
-        self.window.add(batch)
-
-    async def send_confirmed(self, batch: Batch, timeout: float, on_line) -> None:
-        """--confirm: hand over each message, waiting at most timeout for ZeroMQ
-        to accept it, and await on_line(accepted) as soon as each line is decided.
-
-        A message that timed out stays in the transport (so it may still go out,
-        and its retry by rsyslog make a duplicate); while it is there, new
-        messages are refused without being kept, so memory stays bounded.
-        Accepted messages are kept in the replay window."""
-        line_ok = True
-        for message, nevents, ends in zip(batch.messages, batch.events, batch.ends_line):
-            accepted = await self._flushed_within(timeout)
-            if accepted and not self._send_directly([message], [nevents], 0):
-                self._pressed = True
-                self._spill([message], [nevents], 0)
-                accepted = await self._flushed_within(timeout)
-            if accepted:
-                self.window.add(batch_of([message], [nevents], [ends]))
-            line_ok = line_ok and accepted
-            if ends:
-                await on_line(line_ok)
-                line_ok = True
-
-    async def _flushed_within(self, timeout: float) -> bool:
-        """True if the transport buffer is (or becomes, within timeout) empty.
-        An empty buffer is never waited for, so timeout 0 accepts what ZeroMQ
-        took at once."""
-        if not self._transport.get_write_buffer_size():
-            self._settle()
-            return True
-        try:
-            await asyncio.wait_for(self.flush(), timeout)
-        except asyncio.TimeoutError:
-            self._settle()
-            return False
-        return True
-
-    def buffered_bytes(self) -> int:
-        return self._transport.get_write_buffer_size()
 
 
 class Connections:
@@ -1440,28 +1318,431 @@ class Connections:
             self._on_lost(endpoint)
 
 
+class PushSocket:
+    """The PUSH socket from opening to closing: its options (configure_socket),
+    its endpoints, the monitor of its connections (Connections), and closing
+    within what is left of --linger.  `stream` is the aiozmq stream the
+    Sender writes to."""
+
+    def __init__(self, config: Config):
+        self._config = config
+        self.stream = None
+        self.connections: Connections | None = None
+        self._context = None
+
+    async def open(self, counters: Counters, on_event, on_lost):
+        """Open the socket, watch its connections (calling on_event(what,
+        endpoint) and on_lost(endpoint), see Connections) and use its endpoints.
+        OSError from ZeroMQ on a bad or unusable endpoint (nothing stays open)."""
+        def watch(sock):
+            self.connections = Connections(sock, counters, on_event, on_lost)
+            return self.connections
+        self.stream, self._context = await open_stream(self._config, on_socket=watch)
+
+    def unsent_bytes(self) -> int:
+        """Bytes the kernel holds unacknowledged on the TCP connections now."""
+        return self.connections.unsent_bytes()
+
+    def stop_watching(self):
+        """Stop the connection monitor (before the socket closes)."""
+        self.connections.close()
+
+    async def close(self, linger: float, buffered: bool, handed_any: bool) -> bool:
+        """Close, letting ZeroMQ deliver for at most linger seconds (aiozmq's
+        buffer, if anything is still buffered, is dropped).  True if ZeroMQ
+        delivered all it held: its termination returned before the linger ran
+        out, or it was never handed anything."""
+        import zmq
+        sock = self.stream.transport.get_extra_info("zmq_socket")
+        sock.setsockopt(zmq.LINGER, int(linger * 1000))
+        if buffered:
+            self.stream.transport.abort()
+        else:
+            self.stream.close()
+        await asyncio.sleep(0)
+        if not sock.closed:
+            sock.close()
+        began = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, self._context.term)
+        return not handed_any or time.monotonic() - began + 0.01 < linger
+
+
+class ReplayWindow:
+    """What may still be in flight to a receiver, and what is done with it.
+
+    Keeps the Parcels handed to ZeroMQ most recently by reference (no copy):
+    the newest whose nbytes add up to at least `limit` (so it may exceed it by
+    one Parcel), dropping the oldest; limit 0 keeps nothing (at-most-once, the
+    original's behaviour).
+
+    When a receiver goes away, replay() puts all of it at the head of the queue,
+    to be sent again.  When receivers have taken what was in flight, the
+    window is emptied (quiet checks): that is taken to be when two checks
+    REPLAY_QUIET apart, the sender idle all that time, both find that ZeroMQ
+    refused nothing since the check before (no backpressure) and that the
+    kernel holds nothing unacknowledged on any connection.  One timer serves
+    the checks: armed when the sender goes idle with a window and none is
+    armed, it finds out at its turn whether the sender worked meanwhile, so
+    a busy sender arms and cancels nothing per Parcel; a backlogged receiver
+    costs two wake-ups a second, an idle one none."""
+
+    def __init__(self, limit: int, queue: ByteQueue, unsent_bytes):
+        self.limit = limit
+        self.nbytes = 0
+        self._parcels: collections.deque = collections.deque()
+        self._queue = queue
+        self._unsent_bytes = unsent_bytes
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle = False
+        self._worked = False  # the sender took a Parcel since the last check
+        self._pressed = False  # ZeroMQ refused a message since the last check
+        self._calm_checks = 0
+
+    def add(self, parcel: Parcel):
+        """Keep parcel, just handed to ZeroMQ, dropping the oldest past the limit."""
+        if not self.limit:
+            return
+        self._parcels.append(parcel)
+        self.nbytes += parcel.nbytes
+        while self.nbytes - self._parcels[0].nbytes >= self.limit:
+            self.nbytes -= self._parcels.popleft().nbytes
+
+    def pressed(self):
+        """ZeroMQ refused a message (backpressure)."""
+        self._pressed = True
+
+    def sender_idle(self):
+        """The sender waits on an empty queue with nothing in the transport."""
+        self._idle = True
+        if self.nbytes and self._timer is None:
+            self._timer = self._loop.call_later(REPLAY_QUIET, self._check_quiet)
+
+    def sender_busy(self):
+        """The sender took a Parcel."""
+        self._idle = False
+        self._worked = True
+
+    def _check_quiet(self):
+        """One quiet check (see the class): a check that finds the sender
+        worked since the one before starts the count again."""
+        self._timer = None
+        if self._worked or not self._idle:
+            self._calm_checks = 0
+        else:
+            calm = not self._pressed and not self._unsent_bytes()
+            self._calm_checks = self._calm_checks + 1 if calm else 0
+        self._worked = self._pressed = False
+        if self._calm_checks >= 2:
+            self._calm_checks = 0
+            self._take()
+        elif self._idle and self.nbytes:
+            self._timer = self._loop.call_later(REPLAY_QUIET, self._check_quiet)
+
+    def replay(self, in_progress: Parcel | None) -> int:
+        """A receiver went away: put the window, then in_progress (what was
+        handed of the Parcel being sent), at the head of the queue as one
+        replayed Parcel.  Nothing once the window was emptied.  Returns the
+        events requeued."""
+        if not self.limit:
+            return 0
+        parcels = self._take()
+        if in_progress is not None:
+            parcels.append(in_progress)
+        if not parcels:
+            return 0
+        replay = parcel_of([m for p in parcels for m in p.messages],
+                           [e for p in parcels for e in p.events],
+                           [True for p in parcels for _ in p.messages], replayed=True)
+        self._queue.put_first(replay)
+        return sum(replay.events)
+
+    def _take(self) -> list:
+        """Every Parcel held, oldest first; the window is empty afterwards."""
+        parcels, self._parcels, self.nbytes = list(self._parcels), collections.deque(), 0
+        return parcels
+
+
+class Sender:
+    """Flow control: takes Parcels from the queue and hands their messages to
+    ZeroMQ, in order, keeping each handed Parcel in the ReplayWindow.
+
+    Messages go straight to the socket with DONTWAIT.  When ZeroMQ would block,
+    the sender spills messages into the aiozmq transport's buffer until that
+    buffer passes its low watermark (or a message goes straight through again),
+    then awaits drain() until aiozmq has sent all of the spill (the transport's
+    limits are lowered to zero for that wait, so drain() returns exactly when
+    the buffer is empty), then goes back to direct sends.  It takes nothing
+    from the queue meanwhile, so what it holds is one Parcel plus at most the
+    low watermark and one message.
+
+    aiozmq sends its buffer one message per event-loop turn, about ten times
+    the cost of a direct send: hence the default low watermark of 0 (spill only
+    the refused message) and the backend's send, which skips pyzmq's wrapper.
+
+    ZeroMQ's own queue counts messages, not bytes: for a Parcel with large
+    messages SNDHWM is lowered so that the queue holds about PIPE_BYTES of them
+    (in batch mode arrays are capped instead).  It is never raised again:
+    raising it on a live pipe was seen to stall libzmq 4.3's flow control.
+    """
+
+    def __init__(self, stream, queue: ByteQueue, counters: Counters, window: ReplayWindow,
+                 config: Config):
+        import zmq
+        self._again = zmq.Again
+        self._dontwait = zmq.DONTWAIT
+        self._sndhwm_option = zmq.SNDHWM
+        self._stream = stream
+        self._transport = stream.transport
+        self._sock = stream.transport.get_extra_info("zmq_socket")
+        self._send_frame = zmq.backend.Socket.send.__get__(self._sock)  # bytes only
+        self._low, self._high = self._transport.get_write_buffer_limits()
+        self._queue = queue
+        self._counters = counters
+        self.window = window
+        self._sndhwm = self._most_sndhwm = config.sndhwm
+        self._fit_pipe = not config.batch
+        self._current: Parcel | None = None
+        self._handed = 0  # messages of _current handed to ZeroMQ so far
+        # (bytes written to the transport so far, events in that message, replayed)
+        self._in_transport: collections.deque = collections.deque()
+        self._written_bytes = 0
+
+    async def run(self):
+        """Send Parcels until END, then until the queue (replays) and the
+        transport buffer are empty."""
+        while True:
+            parcel = await self.next_parcel()
+            if parcel is END:
+                break
+            await self.send(parcel)
+        while not self._queue.empty():
+            await self.send(self._queue.get_nowait())
+        await self.flush()
+
+    async def next_parcel(self):
+        """The next Parcel (or END) from the queue; while it waits on an empty
+        queue with nothing in the transport the sender is idle (the window's
+        quiet checks run then)."""
+        queue = self._queue
+        if not queue.empty():
+            return queue.get_nowait()
+        if not self._transport.get_write_buffer_size():
+            self.window.sender_idle()
+        parcel = await queue.get()
+        self.window.sender_busy()
+        return parcel
+
+    async def send(self, parcel: Parcel):
+        """Hand all of parcel's messages over in order (waits while ZeroMQ would
+        block), then keep parcel in the replay window."""
+        self._current, self._handed = parcel, 0
+        messages, events = parcel.messages, parcel.events
+        if self._fit_pipe and parcel.nbytes * self._sndhwm > PIPE_BYTES:
+            self._fit_sndhwm(messages)  # (else no message is large enough to lower it)
+        while self._handed < len(messages):
+            sent = self.send_now(messages, events, self._handed, parcel.replayed)
+            self._handed = sent
+            if sent < len(messages):
+                self.window.pressed()
+                spilled = self.spill(messages, events, sent, parcel.replayed)
+                await self.flush()
+                self._handed = spilled
+        self._current = None
+        self.window.add(parcel)
+
+    def handed_part(self) -> Parcel | None:
+        """What was handed to ZeroMQ of the Parcel being sent, if anything."""
+        current, handed = self._current, self._handed
+        if current is None or not handed:
+            return None
+        return current._replace(messages=current.messages[:handed],
+                                events=current.events[:handed],
+                                ends_line=current.ends_line[:handed])
+
+    def _fit_sndhwm(self, messages: list):
+        """Lower SNDHWM so that ZeroMQ holds about PIPE_BYTES of messages this large."""
+        largest = max(map(len, messages), default=1)
+        want = max(1, min(self._most_sndhwm, PIPE_BYTES // max(1, largest)))
+        if want < self._sndhwm:
+            self._sock.setsockopt(self._sndhwm_option, want)
+            self._sndhwm = want
+
+    def send_now(self, messages: list, events: list, first: int,
+                 replayed: bool = False) -> int:
+        """Send from messages[first] on until ZeroMQ would block; returns the next index."""
+        send, flags, sent = self._send_frame, self._dontwait, first
+        try:
+            for message in messages[first:] if first else messages:
+                send(message, flags)
+                sent += 1
+        except self._again:
+            pass
+        self._count_handed(sum(events[first:sent]), replayed)
+        return sent
+
+    def _count_handed(self, events: int, replayed: bool):
+        if replayed:
+            self._counters.events_replayed += events
+        else:
+            self._counters.events_handed += events
+
+    def spill(self, messages: list, events: list, first: int, replayed: bool = False,
+              whole: bool = False) -> int:
+        """Write messages into the transport until its buffer passes the low
+        watermark, or until one goes straight through (ZeroMQ takes them again);
+        all of them if whole.  Returns the next index."""
+        index = first
+        while index < len(messages):
+            self._transport.write([messages[index]])
+            self._written_bytes += len(messages[index])
+            self._in_transport.append((self._written_bytes, events[index], replayed))
+            index += 1
+            if not whole and not 0 < self._transport.get_write_buffer_size() <= self._low:
+                break
+        return index
+
+    async def flush(self):
+        """Wait until aiozmq has handed its whole buffer to ZeroMQ."""
+        if self._transport.get_write_buffer_size():
+            self._counters.drain_waits += 1
+            self._transport.set_write_buffer_limits(high=0, low=0)
+            try:
+                await self._stream.drain()
+            finally:
+                self._transport.set_write_buffer_limits(high=self._high, low=self._low)
+        self.settle()
+
+    def settle(self):
+        """Count events that left the transport buffer for ZeroMQ."""
+        sent_bytes = self._written_bytes - self._transport.get_write_buffer_size()
+        while self._in_transport and self._in_transport[0][0] <= sent_bytes:
+            _, events, replayed = self._in_transport.popleft()
+            self._count_handed(events, replayed)
+
+    def buffered_bytes(self) -> int:
+        return self._transport.get_write_buffer_size()
+
+
+class Confirmer:
+    """--confirm (rsyslog omprog confirmMessages): the sender loop that answers
+    each line read on stdout, "OK" once ZeroMQ accepted all of it, otherwise
+    a refusal that makes rsyslog send it again; "OK" first of all, when ready.
+
+    Owns stdout: replies are written without ever blocking the loop (while
+    nobody reads them, the loop waits and signals still work); the
+    descriptor's O_NONBLOCK flag is restored by close().  stop_reading() is
+    called when replies cannot be written (rsyslog has gone)."""
+
+    def __init__(self, sender: Sender, timeout: float, stop_reading, stdout_fd: int | None = 1):
+        self._sender = sender
+        self._timeout = timeout
+        self._stop_reading = stop_reading
+        self._fd = stdout_fd
+        self._blocking = os.get_blocking(stdout_fd) if stdout_fd is not None else None
+        if stdout_fd is not None:
+            os.set_blocking(stdout_fd, False)
+
+    def close(self):
+        if self._fd is not None:
+            os.set_blocking(self._fd, self._blocking)
+            self._fd = None
+
+    async def run(self):
+        """Say "OK", then send and answer line by line until END."""
+        await self._reply(True)
+        sender = self._sender
+        while True:
+            parcel = await sender.next_parcel()
+            if parcel is END:
+                await sender.flush()
+                return
+            if parcel.replayed:
+                self._spill_replay(parcel)
+            else:
+                await self._send_confirmed(parcel)
+
+    async def _send_confirmed(self, parcel: Parcel):
+        """Hand over each message, waiting at most the timeout for ZeroMQ to
+        accept it, and answer each line as soon as it is decided.
+
+        A message that timed out stays in the transport (so it may still go out,
+        and its retry by rsyslog make a duplicate); while it is there, new
+        messages are refused without being kept, so memory stays bounded.
+        Accepted messages are kept in the replay window."""
+        sender, line_ok = self._sender, True
+        for message, nevents, ends in zip(parcel.messages, parcel.events, parcel.ends_line):
+            accepted = await self._flushed_within()
+            if accepted and not sender.send_now([message], [nevents], 0):
+                sender.window.pressed()
+                sender.spill([message], [nevents], 0)
+                accepted = await self._flushed_within()
+            if accepted:
+                sender.window.add(parcel_of([message], [nevents], [ends]))
+            line_ok = line_ok and accepted
+            if ends:
+                await self._reply(line_ok)
+                line_ok = True
+
+    def _spill_replay(self, parcel: Parcel):
+        """Write a replayed Parcel into the transport at once, without waiting
+        (rsyslog's lines must get replies meanwhile).  aiozmq sends it as
+        ZeroMQ takes it; until then new lines wait the timeout and are
+        refused, as after any timeout, so memory stays bounded."""
+        self._sender.spill(parcel.messages, parcel.events, 0, replayed=True, whole=True)
+        self._sender.settle()
+        self._sender.window.add(parcel)
+
+    async def _flushed_within(self) -> bool:
+        """True if the transport buffer is (or becomes, within the timeout)
+        empty.  An empty buffer is never waited for, so timeout 0 accepts what
+        ZeroMQ took at once."""
+        sender = self._sender
+        if not sender.buffered_bytes():
+            sender.settle()
+            return True
+        try:
+            await asyncio.wait_for(sender.flush(), self._timeout)
+        except asyncio.TimeoutError:
+            sender.settle()
+            return False
+        return True
+
+    async def _reply(self, accepted: bool):
+        """Answer one line; stop reading if that cannot be done (no stdout, or
+        rsyslog has gone)."""
+        text = "OK" if accepted else "zmqpush: not accepted by ZeroMQ in time"
+        if self._fd is None or not await self._say(text):
+            self._stop_reading()
+
+    async def _say(self, text: str) -> bool:
+        """Write one line; waits while stdout is full.  False, with one line on
+        stderr, if it cannot be written (rsyslog has gone, stdout is /dev/full)."""
+        data = memoryview((text + "\n").encode())
+        while data:
+            try:
+                data = data[os.write(self._fd, data):]
+            except BlockingIOError:
+                await self._writable()
+            except OSError as exc:
+                warn(f"cannot write --confirm replies on stdout: {exc.strerror}; "
+                     "reading stops")
+                return False
+        return True
+
+    async def _writable(self):
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        loop.add_writer(self._fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            loop.remove_writer(self._fd)
+
+
 # -------------------------------------------------------------- lifecycle --
-# Owns the run: counters and what is reported of them, signals, the
-# end-of-input linger and the exit code.
-
-class Counters:
-    """What happened so far, counted where it happens (reader, sender, monitor)."""
-
-    def __init__(self):
-        self.bytes_read = 0
-        self.events_read = 0
-        self.events_handed = 0
-        self.events_dropped = 0
-        self.pieces = 0
-        self.drain_waits = 0
-        self.connected = 0
-        self.disconnects = 0
-        self.events_replayed = 0
-
-    def not_handed(self) -> int:
-        """Events read and not dropped that ZeroMQ has not accepted (yet)."""
-        return self.events_read - self.events_dropped - self.events_handed
-
+# Owns the run: wiring the parts, supervision, what is reported while it runs,
+# signals, the end-of-input linger and the exit code.
 
 class Reporter:
     """Everything zmqpush says about itself while it runs, on stderr: --stats
@@ -1545,21 +1826,10 @@ class Reporter:
         warn(f"{what} {endpoint}{more}")
 
 
-def write_stderr(text: str):
-    """Write to stderr; never fails (stderr may be a closed pipe)."""
-    try:
-        os.write(2, text.encode("utf-8", "replace"))
-    except OSError:
-        pass
-
-
-def warn(text: str):
-    """One diagnostic line on stderr, prefixed "zmqpush: "."""
-    write_stderr(f"zmqpush: {text}\n")
-
-
 class Shipper:
-    """One run: stdin -> queue -> ZeroMQ, until EOF, a signal or a failure, then linger.
+    """One run: stdin -> queue -> ZeroMQ, until EOF, a signal or a failure, then
+    linger.  Owns the wiring of the parts, supervision, the linger, signals and
+    the exit code.
 
     Supervision happens here alone.  The reader and sender tasks report their
     exceptions to _fail(), and so does every callback the loop runs (socket
@@ -1581,35 +1851,25 @@ class Shipper:
         self._cause: str | None = None
         self._failed: asyncio.Future | None = None
         self._tasks: list = []
+        self._socket = PushSocket(config)
         self._reader: StdinReader | None = None
         self._sender: Sender | None = None
         self._queue: ByteQueue | None = None
         self._reporter: Reporter | None = None
-        self._connections: Connections | None = None
         self._waiting: asyncio.TimerHandle | None = None
-        self._replies: Replies | None = None
+        self._confirmer: Confirmer | None = None
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
         config = self.config
         try:
-            stream, context = await open_stream(config, on_socket=self._watch_connections)
+            await self._socket.open(self.counters, self._on_connection_event,
+                                    self._on_receiver_lost)
         except OSError as exc:
             warn(f"cannot use endpoint {' '.join(config.connect + config.bind)}: "
                  f"{exc.strerror or exc}")
             return endpoint_error_code(exc)
-        self._queue = ByteQueue(config.queue_bytes)
-        encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
-                          config.timestamp, array_bytes=config.array_bytes,
-                          run_id=os.urandom(8).hex() if config.event_ids else None)
-        read_bytes = config.batch_bytes if config.batch else DEFAULT_READ_BYTES
-        self._reader = StdinReader(
-            self._stdin_fd, self._queue, encoder=encoder,
-            framer=LineFramer(config.max_line_bytes), counters=self.counters,
-            read_bytes=read_bytes, drop_when_full=config.when_full == "drop")
-        self._sender = Sender(stream, self._queue, self.counters, config,
-                              self._connections.unsent_bytes)
-        self._reporter = Reporter(config, self.counters, self._queue, self._sender)
+        self._wire()
         loop = asyncio.get_running_loop()
         self._failed = loop.create_future()
         loop.set_exception_handler(self._on_loop_exception)
@@ -1620,19 +1880,32 @@ class Shipper:
             await self._ship()
         finally:
             self._waiting.cancel()
-            if self._replies is not None:
-                self._replies.close()
+            if self._confirmer is not None:
+                self._confirmer.close()
             self._reader.close()
-            self._connections.close()
+            self._socket.stop_watching()
             self._reporter.stop()
-        delivered = await self._close(stream, context)
+        handed = self.counters.events_handed + self.counters.events_replayed
+        delivered = await self._socket.close(max(0.0, self._deadline - time.monotonic()),
+                                             bool(self._sender.buffered_bytes()), bool(handed))
         return self._report(delivered)
 
-    def _watch_connections(self, sock) -> Connections:
-        """Monitor the socket's connections before it uses any endpoint."""
-        self._connections = Connections(sock, self.counters, self._on_connection_event,
-                                        self._on_receiver_lost)
-        return self._connections
+    def _wire(self):
+        """The queue, the reader feeding it, and the sender (with its replay
+        window) and reporter around it."""
+        config = self.config
+        self._queue = ByteQueue(config.queue_bytes)
+        encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
+                          config.timestamp, array_bytes=config.array_bytes,
+                          run_id=os.urandom(8).hex() if config.event_ids else None)
+        self._reader = StdinReader(
+            self._stdin_fd, self._queue, encoder=encoder,
+            framer=LineFramer(config.max_line_bytes), counters=self.counters,
+            read_bytes=config.batch_bytes if config.batch else DEFAULT_READ_BYTES,
+            drop_when_full=config.when_full == "drop")
+        window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes)
+        self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
+        self._reporter = Reporter(config, self.counters, self._queue, self._sender)
 
     def _on_connection_event(self, what: str, endpoint: str):
         if what == "connected" and self._waiting is not None:
@@ -1644,7 +1917,7 @@ class Shipper:
         """Replay what may have been in flight to the receiver that went away."""
         if self._sender is None:
             return
-        events = self._sender.replay_in_flight()
+        events = self._sender.window.replay(self._sender.handed_part())
         if events:
             self._reporter.say(f"replaying {events} events that may have been in flight to",
                                endpoint)
@@ -1659,7 +1932,10 @@ class Shipper:
         then give the sender until the --linger deadline to deliver what was
         read; then cancel and await every task."""
         if self.config.confirm:
-            sender = self._confirm_loop()
+            self._confirmer = Confirmer(self._sender, self.config.confirm_timeout,
+                                        self._reader.stop,
+                                        None if self._stdout_closed else 1)
+            sender = self._confirmer.run()
             if self._stdout_closed:
                 warn("stdout was closed at start: nobody can read --confirm replies, "
                      "reading nothing")
@@ -1721,48 +1997,6 @@ class Shipper:
         self._reader.stop()
         if not self._failed.done():
             self._failed.set_result(None)
-
-    async def _confirm_loop(self):
-        """--confirm: the sender loop that replies to rsyslog on stdout, "OK"
-        first (unless stdout was closed at start)."""
-        if not self._stdout_closed:
-            self._replies = Replies()
-            await self._reply_to_rsyslog(True)
-        while True:
-            batch = await self._sender.next_batch()
-            if batch is END:
-                await self._sender.flush()
-                return
-            if batch.replayed:
-                self._sender.spill_replay(batch)
-            else:
-                await self._sender.send_confirmed(batch, self.config.confirm_timeout,
-                                                  self._reply_to_rsyslog)
-
-    async def _reply_to_rsyslog(self, accepted: bool):
-        text = "OK" if accepted else "zmqpush: not accepted by ZeroMQ in time"
-        if self._replies is None or not await self._replies.say(text):
-            self._reader.stop()  # no stdout, or rsyslog has gone
-
-    async def _close(self, stream, context) -> bool:
-        """Close with what is left of --linger.  True if ZeroMQ delivered all it
-        held: its termination returned before the linger ran out, or it was
-        never given anything."""
-        import zmq
-        remaining = max(0.0, self._deadline - time.monotonic())
-        sock = stream.transport.get_extra_info("zmq_socket")
-        sock.setsockopt(zmq.LINGER, int(remaining * 1000))
-        if self._sender.buffered_bytes():
-            stream.transport.abort()
-        else:
-            stream.close()
-        await asyncio.sleep(0)
-        if not sock.closed:
-            sock.close()
-        began = time.monotonic()
-        await asyncio.get_running_loop().run_in_executor(None, context.term)
-        handed = self.counters.events_handed + self.counters.events_replayed
-        return not handed or time.monotonic() - began + 0.01 < remaining
 
     def _report(self, delivered: bool) -> int:
         """Say what went wrong or was left undelivered, print the closing line;
@@ -1830,44 +2064,6 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-class Replies:
-    """--confirm: protocol lines on stdout, written without ever blocking the
-    loop (while nobody reads them, the confirm loop waits and signals still
-    work).  Owns the descriptor's O_NONBLOCK flag, restored by close()."""
-
-    def __init__(self, fd: int = 1):
-        self._fd = fd
-        self._blocking = os.get_blocking(fd)
-        os.set_blocking(fd, False)
-
-    async def say(self, text: str) -> bool:
-        """Write one line; waits while stdout is full.  False, with one line on
-        stderr, if it cannot be written (rsyslog has gone, stdout is /dev/full)."""
-        data = memoryview((text + "\n").encode())
-        while data:
-            try:
-                data = data[os.write(self._fd, data):]
-            except BlockingIOError:
-                await self._writable()
-            except OSError as exc:
-                warn(f"cannot write --confirm replies on stdout: {exc.strerror}; "
-                     "reading stops")
-                return False
-        return True
-
-    async def _writable(self):
-        loop = asyncio.get_running_loop()
-        ready = loop.create_future()
-        loop.add_writer(self._fd, lambda: ready.done() or ready.set_result(None))
-        try:
-            await ready
-        finally:
-            loop.remove_writer(self._fd)
-
-    def close(self):
-        os.set_blocking(self._fd, self._blocking)
 
 
 def reopen_closed_std_fds() -> set:
