@@ -1,7 +1,57 @@
-"""Install zmqpush.py and zmqpush-watermark.py on PATH (README "Install")."""
+"""Install zmqpush (README "Install"): the zmqpush module, which pip compiles to
+bytecode once, and the zmqpush.py and zmqpush-watermark.py commands on PATH.
+
+The installed zmqpush.py command is a small launcher, not a copy of the
+module: a script is compiled from source at every start (about 12 ms for
+zmqpush.py), an installed module is not.  The launcher ignores HUP and USR1
+and makes an early SIGINT quiet before the imports, as zmqpush.py itself does
+when run from a checkout (README "Signals").
+"""
+import os
+
 from setuptools import setup
 
+try:
+    from setuptools.command.build_scripts import build_scripts
+except ImportError:  # setuptools before 69
+    from distutils.command.build_scripts import build_scripts
+
 from zmqpush import __version__
+
+LAUNCHER = '''#!python
+"""zmqpush.py: ship stdin as JSON over ZeroMQ (see zmqpush.py --help).
+The installed command: runs the zmqpush module, compiled when installed."""
+import os
+import signal
+import sys
+
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))
+# This file is named zmqpush.py too: import the module, not this file.
+if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+    del sys.path[0]
+
+from zmqpush import main  # noqa: E402
+
+raise SystemExit(main())
+'''
+
+
+class BuildLaunchers(build_scripts):
+    """Build the zmqpush.py command from LAUNCHER instead of the module's source."""
+
+    def run(self):
+        launcher_dir = os.path.join(self.build_dir + "-launcher")
+        os.makedirs(launcher_dir, exist_ok=True)
+        launcher = os.path.join(launcher_dir, "zmqpush.py")
+        with open(launcher, "w", encoding="utf-8") as f:
+            f.write(LAUNCHER)
+        self.scripts = [launcher if os.path.basename(s) == "zmqpush.py" else s
+                        for s in self.scripts]
+        super().run()
+
 
 setup(
     name="zmqpush",
@@ -12,6 +62,7 @@ setup(
     license="MIT",
     py_modules=["zmqpush"],
     scripts=["zmqpush.py", "zmqpush-watermark.py"],
+    cmdclass={"build_scripts": BuildLaunchers},
     python_requires=">=3.9",
     # Lower bounds are the versions the test suite runs against (.ci/run).
     install_requires=["pyzmq>=27.0", "aiozmq>=1.0.0", "uvloop>=0.21"],

@@ -9,7 +9,17 @@ import time
 
 import pytest
 
-from conftest import ROOT, WATERMARK, Receiver, closing_count, free_port, run, start, stop_process
+from conftest import (
+    ROOT,
+    WATERMARK,
+    Receiver,
+    closing_count,
+    env_with,
+    free_port,
+    run,
+    start,
+    stop_process,
+)
 
 
 def test_wire_format_is_the_originals_byte_for_byte(receiver):
@@ -324,3 +334,20 @@ def test_idle_with_the_receiver_down_the_main_thread_never_wakes(mode):
         assert f"zmqpush: no receiver yet (retrying every 1 s): {endpoint}" in err
     finally:
         stop_process(proc)
+
+
+def test_installed_command_is_a_small_launcher_of_the_compiled_module(receiver, tmp_path):
+    """pip install puts a launcher on PATH, not the module's source (a script is
+    compiled at every start); it ships like zmqpush.py itself."""
+    target = tmp_path / "installed"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(target), str(ROOT)], check=True, capture_output=True, timeout=300)
+    command = target / "bin" / "zmqpush.py"
+    assert command.stat().st_size < 2048
+    assert list(target.glob("__pycache__/zmqpush.*.pyc"))
+    proc = subprocess.run([str(command), "-c", receiver.endpoint], input=b"via launcher\n",
+                          capture_output=True, timeout=60,
+                          env=env_with({"PYTHONPATH": str(target)}))
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(1) == 1
+    assert receiver.messages() == ["via launcher"]
