@@ -989,6 +989,8 @@ class InputError(Exception):
 
 
 _HANG_UP = select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR
+# Under glibc's smallest threshold for serving an allocation with mmap (128 KiB).
+SLOW_READ_BYTES = 32 << 10
 
 
 class StdinReader:
@@ -1020,6 +1022,7 @@ class StdinReader:
         self._framer = framer
         self._counters = counters
         self._read_bytes = read_bytes
+        self._asking = read_bytes  # what the next read asks for (see _read)
         self._stopping = False
         self.ended = asyncio.Event()
         self._read_at = time.time()
@@ -1094,7 +1097,8 @@ class StdinReader:
             self._read_at = time.time()
             await self._hand_over(self._framer.feed(data), len(data))
             empty = (self._short_read_empties and not self._hung_up
-                     and len(data) < self._read_bytes)
+                     and len(data) < self._asking)
+            self._asking = self._read_bytes if len(data) == self._asking else SLOW_READ_BYTES
         self.ended.set()
         await self._hand_over(self._framer.finish(), 0)
         await self._queue.put(END)
@@ -1111,11 +1115,16 @@ class StdinReader:
 
     async def _read(self) -> bytes:
         """The next bytes of stdin; waits on epoll when none are ready.
-        Returns b"" at EOF or when stopped."""
+        Returns b"" at EOF or when stopped.
+
+        After a read that did not fill what it asked for, the next asks for
+        SLOW_READ_BYTES only (until one fills that): malloc serves a buffer
+        that small from its heap, while one of the full read size is mapped,
+        shrunk and unmapped again for every line that trickles in."""
         while not self._stopping:
             self._edge_seen = False
             try:
-                return os.read(self._fd, self._read_bytes)
+                return os.read(self._fd, self._asking)
             except BlockingIOError:
                 await self._edge()
             except OSError as exc:
