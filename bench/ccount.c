@@ -1,7 +1,7 @@
 /*
  * ccount: a C counting receiver for the benchmarks.
  *
- *   ccount ENDPOINT COUNT [IDLE_SECONDS]
+ *   ccount ENDPOINT COUNT [IDLE_SECONDS] [--stay]
  *
  * Binds a PULL socket on ENDPOINT with RCVHWM 0 (no bound: it never pushes back
  * on the sender) and counts events: a frame's events are the occurrences of
@@ -14,9 +14,17 @@
  * Ends when COUNT events have arrived (0: no limit), when IDLE_SECONDS (default
  * 10; 0: never) pass without a frame, or on SIGTERM/SIGINT, and then prints
  *   received N events in S s
- * on stdout, S running from the first frame to the last.  Once bound it prints
+ * on stdout, S running from the first frame to the last, and on stderr
+ *   ccount: F frames, first at T0, last at T1 (CLOCK_MONOTONIC)
+ * (Python's time.monotonic() reads the same clock).  Once bound it prints
  *   ccount: bound ENDPOINT
  * on stderr with the actual endpoint (so tcp://127.0.0.1:* picks a free port).
+ *
+ * With --stay, reaching COUNT prints those lines at once but keeps the socket
+ * open until SIGTERM/SIGINT or IDLE_SECONDS without a frame: a sender that is
+ * still closing then sees no receiver go away (zmqpush would replay what may
+ * have been in flight).  Events arriving after that are reported at exit as
+ *   then M more events
  * Build: cc -O2 -o ccount ccount.c -lzmq
  */
 #define _GNU_SOURCE     /* memmem */
@@ -57,16 +65,30 @@ static unsigned long long events_in(const char *data, size_t len)
     return count;
 }
 
+static void report(unsigned long long received, unsigned long long frames,
+                   double first, double last)
+{
+    printf("received %llu events in %.3f s\n", received, last - first);
+    fflush(stdout);
+    fprintf(stderr, "ccount: %llu frames, first at %.6f, last at %.6f (CLOCK_MONOTONIC)\n",
+            frames, first, last);
+    fflush(stderr);
+}
+
 int main(int argc, char **argv)
 {
+    int stay = argc > 3 && strcmp(argv[argc - 1], "--stay") == 0;
+    if (stay)
+        argc--;
     if (argc < 3 || argc > 4) {
-        fputs("usage: ccount ENDPOINT COUNT [IDLE_SECONDS]\n", stderr);
+        fputs("usage: ccount ENDPOINT COUNT [IDLE_SECONDS] [--stay]\n", stderr);
         return 2;
     }
     const char *endpoint = argv[1];
-    unsigned long long want = strtoull(argv[2], NULL, 10), received = 0;
+    unsigned long long want = strtoull(argv[2], NULL, 10), received = 0, frames = 0;
+    unsigned long long reported = 0;
     double idle = argc > 3 ? atof(argv[3]) : 10.0, first = 0, last = 0;
-    int hwm = 0, linger = 0;
+    int hwm = 0, linger = 0, done = 0;
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -92,7 +114,7 @@ int main(int argc, char **argv)
     zmq_msg_init(&msg);
     zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
     long timeout = idle > 0 ? (long)(idle * 1000) : -1;
-    while (!stopping && !(want && received >= want)) {
+    while (!stopping && !(done && !stay)) {
         int rc = zmq_poll(&item, 1, timeout);
         if (rc < 0) {
             if (errno == EINTR)
@@ -103,18 +125,27 @@ int main(int argc, char **argv)
         if (rc == 0)
             break;              /* idle */
         int got = 0;
-        while (!(want && received >= want)
+        while (!(want && received >= want && !stay)
                && zmq_msg_recv(&msg, sock, ZMQ_DONTWAIT) >= 0) {
             if (first == 0)
                 first = now();
             received += events_in(zmq_msg_data(&msg), zmq_msg_size(&msg));
+            frames++;
             got = 1;
         }
-        if (got)
+        if (got && !done)
             last = now();
+        if (!done && want && received >= want) {
+            report(received, frames, first, last);
+            reported = received;
+            done = 1;
+        }
     }
     zmq_msg_close(&msg);
-    printf("received %llu events in %.3f s\n", received, last - first);
+    if (!done)
+        report(received, frames, first, last);
+    else if (received > reported)
+        printf("then %llu more events\n", received - reported);
     fflush(stdout);
     zmq_close(sock);
     zmq_ctx_term(ctx);

@@ -3,15 +3,18 @@
 in C, side by side in one run, each feeding one C counting receiver.
 
 Every shipper reads the same realistic corpus (bench/corpus.py) from a pipe (`cat`)
-and sends to bench/ccount.c in its own process, which only counts events, so the
-receiver caps nobody.  Rows: the C reference (bench/cship.c, one message per line
-and one JSON array per read), the naive pyzmq loop (bench/naive.py), zmqpush in
-default and --batch mode, each also with --replay-bytes 0.  Runs alternate between
-rows (A B C ... A B C ...); the table shows medians of:
+and sends to bench/ccount.c in its own process, which only counts events (so the
+receiver caps nobody) and stays connected until the shipper has exited.  Rows:
+the C reference (bench/cship.c, one message per line and one JSON array per
+read), the naive pyzmq loop (bench/naive.py), zmqpush in default and --batch
+mode, each also with --replay-bytes 0.  Runs alternate between rows (A B C ...
+A B C ...); the table shows medians of:
 
 - shipper lines/s: from starting the shipper until it exits (having handed
   everything to the receiver's ZeroMQ), start-up included;
-- end-to-end lines/s: until the receiver has counted every line;
+- end-to-end lines/s: from the same start until the receiver counted the last
+  line (the time of its last frame, which can come before the shipper has
+  finished exiting);
 - each as a ratio to C one message per line, and for batch rows also to C array;
 - CPU-s per 1M lines and peak RSS: the shipper's own (GNU time, whose small
   process forks it), start-up included; and the fewest events received in any run.
@@ -35,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from corpus import write_corpus  # noqa: E402
-from cref import build  # noqa: E402
+from cref import Counter, build  # noqa: E402
 
 TIME = "/usr/bin/time"
 C_LINE, C_ARRAY = "C, one message per line", "C, one array per read"
@@ -64,27 +67,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_receiver(lines: int, validate: bool):
-    """(process, endpoint) of a receiver bound on 127.0.0.1, stopping after lines."""
-    if validate:
-        endpoint = f"tcp://127.0.0.1:{free_port()}"
-        proc = subprocess.Popen([sys.executable, str(HERE / "sink.py"), "--bind", endpoint,
-                                 "--quiet", "--count", str(lines), "--idle", "10"],
-                                stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)
-        return proc, endpoint
-    proc = subprocess.Popen([build("ccount"), "tcp://127.0.0.1:*", str(lines), "10"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    bound = proc.stderr.readline().split()
-    if bound[:2] != ["ccount:", "bound"]:
-        proc.kill()
-        raise RuntimeError(f"ccount did not bind: {bound}")
-    return proc, bound[2]
+def start_sink(lines: int):
+    """(process, endpoint) of bench/sink.py bound on 127.0.0.1, ending after lines."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([sys.executable, str(HERE / "sink.py"), "--bind", endpoint,
+                             "--quiet", "--count", str(lines), "--idle", "10"],
+                            stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    return proc, endpoint
 
 
 def run_once(argv: list, corpus: str, lines: int, validate: bool) -> dict:
     """One shipment of the corpus; returns its measurements."""
-    receiver, endpoint = start_receiver(lines, validate)
+    if validate:
+        sink, endpoint = start_sink(lines)
+    else:
+        counter = Counter(lines, idle=10)
+        endpoint = counter.endpoint
     argv = [endpoint if a == "ENDPOINT" else a for a in argv]
     with open(corpus, "rb") as f, tempfile.NamedTemporaryFile("r") as usage, \
             tempfile.TemporaryFile("w+") as errors:
@@ -96,25 +95,29 @@ def run_once(argv: list, corpus: str, lines: int, validate: bool) -> dict:
         cat.stdout.close()
         out = shipper.communicate()[0]
         shipped = time.monotonic() - began
-        try:
-            summary = receiver.communicate(timeout=120)[0]
-        except subprocess.TimeoutExpired:
-            receiver.kill()
-            summary = receiver.communicate()[0]
-        took = time.monotonic() - began
         cat.wait()
         status, user, system, rss_kib = usage.read().split()[-4:]
         if status != "0":
             errors.seek(0)
             print(f"{shlex.join(argv)} exited {status}: {errors.read()[-500:]}",
                   file=sys.stderr)
-    received = re.search(r"received (\d+) events(?: \((\d+) invalid\))?", summary)
+    if validate:
+        try:
+            summary = sink.communicate(timeout=120)[0]
+        except subprocess.TimeoutExpired:
+            sink.kill()
+            summary = sink.communicate()[0]
+        took = time.monotonic() - began
+        found = re.search(r"received (\d+) events \((\d+) invalid\)", summary)
+        received, invalid = (int(found[1]), int(found[2])) if found else (0, 0)
+    else:
+        count = counter.finish(timeout=120)
+        took = count["last"] - began if count["last"] else float("inf")
+        received, invalid = count["received"], 0
     sent = re.search(r"sent (\d+) messages in ([0-9.]+) s", out)
     return {"shipped/s": lines / shipped, "lines/s": lines / took,
             "cpu": (float(user) + float(system)) * 1e6 / lines,
-            "rss": int(rss_kib) / 1024,
-            "received": int(received[1]) if received else 0,
-            "invalid": int(received[2] or 0) if received else 0,
+            "rss": int(rss_kib) / 1024, "received": received, "invalid": invalid,
             "send/s": int(sent[1]) / float(sent[2]) if sent else 0.0}
 
 
