@@ -1,17 +1,33 @@
 #!/usr/bin/env python3
-"""Throughput: zmqpush (default and --batch, replay window on and off) against the
-naive pyzmq loop, in one run.
+"""Throughput at full speed: zmqpush against the naive pyzmq loop and the same job
+in C, side by side in one run, each feeding one C counting receiver.
 
-Each shipper reads the same realistic corpus (bench/corpus.py) from a pipe and sends
-to bench/sink.py in another process, which validates every event with a strict JSON
-parse.  Runs alternate between modes; the table shows medians of: shipper lines/s
-(start until the shipper exits, having handed everything to the receiver's ZeroMQ),
-end-to-end lines/s (until the receiver has validated the last event: this Python
-receiver caps it), each with its ratio to the naive loop, shipper CPU-seconds per
-million lines, shipper peak RSS, and events received and invalid.
+Every shipper reads the same realistic corpus (bench/corpus.py) from a pipe (`cat`)
+and sends to bench/ccount.c in its own process, which only counts events (so the
+receiver caps nobody) and stays connected until the shipper has exited.  Rows:
+the C reference (bench/cship.c, one message per line and one JSON array per
+read), the naive pyzmq loop (bench/naive.py), zmqpush in default and --batch
+mode, each also with --replay-bytes 0.  Runs alternate between rows (A B C ...
+A B C ...); the table shows medians of:
+
+- shipper lines/s: from starting the shipper until it exits (having handed
+  everything to the receiver's ZeroMQ), start-up included;
+- end-to-end lines/s: from the same start until the receiver counted the last
+  line (the time of its last frame, which can come before the shipper has
+  finished exiting);
+- each as a ratio to C one message per line, and for batch rows also to C array;
+- CPU-s per 1M lines and peak RSS: the shipper's own (GNU time, whose small
+  process forks it), start-up included; and the fewest events received in any run.
+
+A last line gives the Python floor (bench/floor.py): the send rate of a loop that
+only calls the Cython backend's send on pre-built messages, reading and encoding
+excluded.  --validate uses bench/sink.py (strict JSON parse of every event) as the
+receiver instead, to check validity: its rates are then capped by that receiver.
 """
 import argparse
 import os
+import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -22,20 +38,26 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from corpus import write_corpus  # noqa: E402
+from cref import Counter, build  # noqa: E402
 
-PY = sys.executable
 TIME = "/usr/bin/time"
-MODES = {
-    "naive pyzmq loop": lambda ep: [PY, str(HERE / "naive.py"), ep],
-    "zmqpush": lambda ep: [PY, str(HERE.parent / "zmqpush.py"), "-q", "-c", ep],
-    "zmqpush --replay-bytes 0": lambda ep: [PY, str(HERE.parent / "zmqpush.py"), "-q",
-                                            "--replay-bytes", "0", "-c", ep],
-    "zmqpush --batch": lambda ep: [PY, str(HERE.parent / "zmqpush.py"), "-q", "--batch",
-                                   "-c", ep],
-    "zmqpush --batch --replay-bytes 0": lambda ep: [PY, str(HERE.parent / "zmqpush.py"),
-                                                    "-q", "--batch", "--replay-bytes", "0",
-                                                    "-c", ep],
-}
+C_LINE, C_ARRAY = "C, one message per line", "C, one array per read"
+FLOOR = "Python floor: backend send of pre-built messages"
+
+
+def rows(args, cship: str) -> dict:
+    """Row name -> argv of the shipper (ENDPOINT stands for the endpoint)."""
+    zmqpush = [args.python, args.zmqpush, "-q"]
+    return {
+        C_LINE: [cship, "ENDPOINT"],
+        C_ARRAY: [cship, "ENDPOINT", "--array"],
+        "naive pyzmq loop": [args.python, str(HERE / "naive.py"), "ENDPOINT"],
+        "zmqpush": [*zmqpush, "-c", "ENDPOINT"],
+        "zmqpush --batch": [*zmqpush, "--batch", "-c", "ENDPOINT"],
+        "zmqpush --replay-bytes 0": [*zmqpush, "--replay-bytes", "0", "-c", "ENDPOINT"],
+        "zmqpush --batch --replay-bytes 0": [*zmqpush, "--batch", "--replay-bytes", "0",
+                                             "-c", "ENDPOINT"],
+    }
 
 
 def free_port() -> int:
@@ -45,60 +67,118 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_once(mode: str, corpus: str, lines: int) -> dict:
-    """One shipment of the corpus; returns its measurements."""
+def start_sink(lines: int):
+    """(process, endpoint) of bench/sink.py bound on 127.0.0.1, ending after lines."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    sink = subprocess.Popen([PY, str(HERE / "sink.py"), "--bind", endpoint, "--quiet",
-                             "--count", str(lines), "--idle", "10"],
+    proc = subprocess.Popen([sys.executable, str(HERE / "sink.py"), "--bind", endpoint,
+                             "--quiet", "--count", str(lines), "--idle", "10"],
                             stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
-    with tempfile.NamedTemporaryFile("r") as usage, open(corpus, "rb") as f:
+    return proc, endpoint
+
+
+def run_once(argv: list, corpus: str, lines: int, validate: bool) -> dict:
+    """One shipment of the corpus; returns its measurements."""
+    if validate:
+        sink, endpoint = start_sink(lines)
+    else:
+        counter = Counter(lines, idle=10)
+        endpoint = counter.endpoint
+    argv = [endpoint if a == "ENDPOINT" else a for a in argv]
+    with open(corpus, "rb") as f, tempfile.NamedTemporaryFile("r") as usage, \
+            tempfile.TemporaryFile("w+") as errors:
         began = time.monotonic()
         cat = subprocess.Popen(["cat"], stdin=f, stdout=subprocess.PIPE)
-        # GNU time measures the shipper alone: its own small process forks it.
-        shipper = subprocess.Popen([TIME, "-o", usage.name, "-f", "%U %S %M",
-                                    *MODES[mode](endpoint)],
-                                   stdin=cat.stdout, stderr=subprocess.DEVNULL)
+        shipper = subprocess.Popen([TIME, "-o", usage.name, "-f", "%x %U %S %M", *argv],
+                                   stdin=cat.stdout, stdout=subprocess.PIPE, stderr=errors,
+                                   text=True)
         cat.stdout.close()
-        shipper.wait()
+        out = shipper.communicate()[0]
         shipped = time.monotonic() - began
-        summary = sink.communicate(timeout=120)[0].split()
+        cat.wait()
+        status, user, system, rss_kib = usage.read().split()[-4:]
+        if status != "0":
+            errors.seek(0)
+            print(f"{shlex.join(argv)} exited {status}: {errors.read()[-500:]}",
+                  file=sys.stderr)
+    if validate:
+        try:
+            summary = sink.communicate(timeout=120)[0]
+        except subprocess.TimeoutExpired:
+            sink.kill()
+            summary = sink.communicate()[0]
         took = time.monotonic() - began
-        user, system, rss_kib = usage.read().split()[-3:]
-    cat.wait()
-    received, invalid = int(summary[1]), int(summary[3].strip("("))
+        found = re.search(r"received (\d+) events \((\d+) invalid\)", summary)
+        received, invalid = (int(found[1]), int(found[2])) if found else (0, 0)
+    else:
+        count = counter.finish(timeout=120)
+        took = count["last"] - began if count["last"] else float("inf")
+        received, invalid = count["received"], 0
+    sent = re.search(r"sent (\d+) messages in ([0-9.]+) s", out)
     return {"shipped/s": lines / shipped, "lines/s": lines / took,
             "cpu": (float(user) + float(system)) * 1e6 / lines,
             "rss": int(rss_kib) / 1024, "received": received, "invalid": invalid,
-            "exit": shipper.returncode}
+            "send/s": int(sent[1]) / float(sent[2]) if sent else 0.0}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lines", type=int, default=500_000)
+    p.add_argument("--lines", type=int, default=1_000_000)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--zmqpush", default=str(HERE.parent / "zmqpush.py"),
+                   help="the zmqpush.py to measure (default: the one beside bench/)")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter for zmqpush, naive.py and floor.py (default: this one)")
+    p.add_argument("--validate", action="store_true",
+                   help="receiver bench/sink.py, strict JSON parse of every event")
+    p.add_argument("--no-floor", action="store_true", help="leave out the Python floor")
     args = p.parse_args()
+    shippers = rows(args, build("cship"))
+    if not args.no_floor:
+        shippers[FLOOR] = [args.python, str(HERE / "floor.py"), "ENDPOINT"]
     with tempfile.TemporaryDirectory() as tmp:
         corpus = os.path.join(tmp, "corpus.log")
         size = write_corpus(corpus, args.lines)
-        results = {mode: [] for mode in MODES}
+        results = {name: [] for name in shippers}
         for _ in range(args.runs):
-            for mode in MODES:
-                results[mode].append(run_once(mode, corpus, args.lines))
-    print(f"{args.lines} lines of {size / args.lines:.0f} bytes, median of {args.runs} "
-          f"alternating runs, {os.cpu_count()} CPUs\n")
-    print("| shipper | shipper lines/s | ratio | end-to-end lines/s | ratio "
-          "| CPU-s per 1M lines | peak RSS MiB | received | invalid |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    naive = results["naive pyzmq loop"]
-    base = {k: statistics.median(r[k] for r in naive) for k in ("shipped/s", "lines/s")}
-    for mode, runs in results.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        shipped = med["shipped/s"]
-        print(f"| {mode} | {shipped:,.0f} | {shipped / base['shipped/s']:.2f} "
-              f"| {med['lines/s']:,.0f} | {med['lines/s'] / base['lines/s']:.2f} "
-              f"| {med['cpu']:.2f} | {med['rss']:.1f} | {min(r['received'] for r in runs):,} "
-              f"| {max(r['invalid'] for r in runs)} |")
+            for name, argv in shippers.items():
+                results[name].append(run_once(argv, corpus, args.lines, args.validate))
+
+    med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+           for name, runs in results.items()}
+    receiver = "bench/sink.py (strict JSON parse)" if args.validate else "bench/ccount.c"
+    print(f"{args.lines:,} lines of {size / args.lines:.0f} bytes, median of {args.runs} "
+          f"alternating runs, receiver {receiver}, {os.cpu_count()} CPUs, "
+          f"zmqpush {args.zmqpush}\n")
+    print("| shipper | shipper lines/s | ÷ C | ÷ C array | end-to-end lines/s | ÷ C "
+          "| ÷ C array | CPU-s per 1M lines | peak RSS MiB | received |"
+          + (" invalid |" if args.validate else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+          + ("---:|" if args.validate else ""))
+    c_line, c_array = med[C_LINE], med[C_ARRAY]
+    for name, m in med.items():
+        if name == FLOOR:
+            continue
+        arrays = name == C_ARRAY or "--batch" in name
+        cells = [name]
+        for key in ("shipped/s", "lines/s"):
+            cells += [f"{m[key]:,.0f}", f"{m[key] / c_line[key]:.2f}",
+                      f"{m[key] / c_array[key]:.2f}" if arrays else ""]
+        cells += [f"{m['cpu']:.2f}", f"{m['rss']:.1f}",
+                  f"{min(r['received'] for r in results[name]):,}"]
+        if args.validate:
+            cells.append(str(max(r["invalid"] for r in results[name])))
+        print("| " + " | ".join(cells) + " |")
+    if FLOOR in med:
+        floor = med[FLOOR]
+        print(f"\n{FLOOR} (bench/floor.py; reading and encoding excluded, so not a "
+              f"shipper): {floor['send/s']:,.0f} messages/s, "
+              f"{floor['send/s'] / c_line['shipped/s']:.2f} times C one message per line's "
+              f"shipper lines/s; received {min(r['received'] for r in results[FLOOR]):,}.")
+    print("\n÷ C: ratio to \"C, one message per line\"; ÷ C array: to \"C, one array per "
+          "read\" (batch rows).")
+    script = os.path.relpath(__file__)
+    print(f"Command: `{shlex.join(['python', script, *sys.argv[1:]])}`")
     return 0
 
 

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""CPU at paced rates: zmqpush against the naive pyzmq loop and the same job in C.
+
+A feeder process writes corpus lines (bench/corpus.py, about 110 bytes) into the
+shipper's stdin pipe on an absolute clock (next += interval; sleep(next - now)),
+so the rate is exact: 100 and 1,000 lines/s with one os.write() per line, 10,000
+lines/s with 10 lines per write (1,000 writes/s).  Each shipper (zmqpush -q, the
+naive loop bench/naive.py, C bench/cship.c one message per line, optionally
+zmqpush --batch) sends to one C counting receiver (bench/ccount.c), which must
+count every line fed.
+
+Measured: the shipper's own CPU over the steady window only, from /proc/PID/stat
+utime+stime (all its threads; 10 ms ticks) read 1 s after the feeder starts
+(start-up excluded) and again --seconds later, as %CPU of one core; and its
+context switches per second over the same window, voluntary plus involuntary,
+summed over all its threads (/proc/PID/task/*/status).  Runs alternate between
+shippers (A B C A B C ...) within each rate; medians of --runs.
+"""
+import argparse
+import os
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from corpus import line  # noqa: E402
+from cref import Counter, build  # noqa: E402
+
+WARMUP = 1.0  # seconds from the feeder's start to the window's start
+TAIL = 0.5  # seconds the feeder goes on after the window
+TICK = os.sysconf("SC_CLK_TCK")
+# rate (lines/s) -> lines per write
+RATES = {100: 1, 1000: 1, 10000: 10}
+
+
+def feed(rate: int, per_write: int, writes: int) -> int:
+    """Write `writes` chunks of per_write lines to stdout at rate lines/s."""
+    rnd = random.Random(3)
+    pool = [b"".join(line(rnd, n * per_write + k) + b"\n" for k in range(per_write))
+            for n in range(min(writes, 1000))]
+    interval = per_write / rate
+    out, sleep, now = sys.stdout.fileno(), time.sleep, time.monotonic
+    due = now()
+    for n in range(writes):
+        wait = due - now()
+        if wait > 0:
+            sleep(wait)
+        os.write(out, pool[n % len(pool)])
+        due += interval
+    return 0
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def switches(pid: int) -> int:
+    """Voluntary plus involuntary context switches of all pid's threads."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for row in (task / "status").read_text().splitlines():
+                if row.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                    total += int(row.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def stop(proc: subprocess.Popen, timeout: float):
+    """Wait for proc; past timeout, kill it (it is ours, by PID)."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def measure(argv: list, rate: int, seconds: float) -> dict:
+    per_write = RATES[rate]
+    writes = round((WARMUP + seconds + TAIL) * rate / per_write)
+    lines = writes * per_write
+    counter = Counter(lines, idle=3)
+    argv = [counter.endpoint if a == "ENDPOINT" else a for a in argv]
+    with tempfile.TemporaryFile("w+") as errors:
+        feeder = subprocess.Popen([sys.executable, __file__, "--feed", str(rate), str(writes)],
+                                  stdout=subprocess.PIPE)
+        shipper = subprocess.Popen(argv, stdin=feeder.stdout, stdout=subprocess.DEVNULL,
+                                   stderr=errors)
+        feeder.stdout.close()
+        began = time.monotonic()
+        time.sleep(WARMUP)
+        t0, cpu0, cs0 = time.monotonic(), cpu_ticks(shipper.pid), switches(shipper.pid)
+        time.sleep(max(0.0, began + WARMUP + seconds - time.monotonic()))
+        t1, cpu1, cs1 = time.monotonic(), cpu_ticks(shipper.pid), switches(shipper.pid)
+        stop(feeder, TAIL + 10)
+        stop(shipper, 15)
+        received = counter.finish(timeout=5)["received"]
+        if shipper.returncode:
+            errors.seek(0)
+            print(f"{shlex.join(argv)} exited {shipper.returncode}: {errors.read()[-500:]}",
+                  file=sys.stderr)
+    window = t1 - t0
+    return {"cpu": 100.0 * (cpu1 - cpu0) / TICK / window, "cs": (cs1 - cs0) / window,
+            "fed": lines, "received": received}
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--feed"]:
+        rate, writes = int(sys.argv[2]), int(sys.argv[3])
+        return feed(rate, RATES[rate], writes)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=20, help="steady window per measurement")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--batch", action="store_true", help="also zmqpush --batch")
+    p.add_argument("--zmqpush", default=str(HERE.parent / "zmqpush.py"),
+                   help="the zmqpush.py to measure (default: the one beside bench/)")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter for zmqpush and naive.py (default: this one)")
+    args = p.parse_args()
+    shippers = {
+        "zmqpush": [args.python, args.zmqpush, "-q", "-c", "ENDPOINT"],
+        "naive": [args.python, str(HERE / "naive.py"), "ENDPOINT"],
+        "C": [build("cship"), "ENDPOINT"],
+    }
+    if args.batch:
+        shippers["zmqpush --batch"] = [args.python, args.zmqpush, "-q", "--batch",
+                                       "-c", "ENDPOINT"]
+    results = {(rate, name): [] for rate in RATES for name in shippers}
+    for _ in range(args.runs):
+        for rate in RATES:
+            for name, argv in shippers.items():
+                results[rate, name].append(measure(argv, rate, args.seconds))
+
+    def med(rate, name, key):
+        return statistics.median(r[key] for r in results[rate, name])
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}" if b else "-"
+
+    print(f"%CPU of one core over a {args.seconds:g} s steady window (after {WARMUP:g} s "
+          f"warm-up), median of {args.runs} alternating runs, receiver bench/ccount.c, "
+          f"{os.cpu_count()} CPUs, zmqpush {args.zmqpush}\n")
+    names = list(shippers)
+    print("| lines/s | writes/s | " + " | ".join(f"{n} %CPU" for n in names)
+          + " | zmqpush/naive | zmqpush/C |")
+    print("|---:|---:|" + "---:|" * (len(names) + 2))
+    for rate, per_write in RATES.items():
+        cpu = {n: med(rate, n, "cpu") for n in names}
+        print(f"| {rate:,} | {rate // per_write:,} | "
+              + " | ".join(f"{cpu[n]:.2f}" for n in names)
+              + f" | {ratio(cpu['zmqpush'], cpu['naive'])} | {ratio(cpu['zmqpush'], cpu['C'])} |")
+    print("\nContext switches per second (voluntary + involuntary, all threads):\n")
+    print("| lines/s | " + " | ".join(names) + " |")
+    print("|---:|" + "---:|" * len(names))
+    for rate in RATES:
+        print(f"| {rate:,} | " + " | ".join(f"{med(rate, n, 'cs'):,.1f}" for n in names) + " |")
+    short = [(rate, name, r["received"], r["fed"]) for (rate, name), runs in results.items()
+             for r in runs if r["received"] != r["fed"]]
+    print()
+    if short:
+        for rate, name, got, fed in short:
+            print(f"LOST: {name} at {rate:,} lines/s: received {got:,} of {fed:,}")
+    else:
+        print(f"Received: every line fed, in all {len(names) * len(RATES) * args.runs} "
+              "measurements.")
+    script = os.path.relpath(__file__)
+    print(f"Command: `{shlex.join(['python', script, *sys.argv[1:]])}`")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
