@@ -49,7 +49,7 @@ def numbers(frames) -> list:
 def test_receiver_paused_3s_mid_stream_loses_nothing(spill):
     port = free_port()
     sink = subprocess.Popen([sys.executable, SINK, "--bind", f"tcp://127.0.0.1:{port}",
-                             "--idle", "3"], stdout=subprocess.PIPE)
+                             "--idle", "8"], stdout=subprocess.PIPE)
     proc = start(["-c", f"tcp://127.0.0.1:{port}", "--stats", "0.5", *spill])
     try:
         feeder = Feeder(proc, 50_000)
