@@ -809,6 +809,42 @@ def batch_of(messages: list, events: list, ends_line: list, replayed: bool = Fal
     return Batch(messages, events, ends_line, nbytes, replayed)
 
 
+def replay_batches(batches: list, limit: int) -> list:
+    """What to send again of batches (oldest first) after a receiver went away:
+    their newest distinct messages, at most limit bytes counted as in batch_of
+    plus one message, as replayed Batches (oldest first) of at most
+    REPLAY_PIECE_BYTES each, or one message.
+
+    A message handed more than once (it was replayed before) is kept once, at
+    its newest place, and pieces keep the window's slack (one Batch) small: a
+    receiver that goes away again and again then never makes the replay, or
+    the window that takes it back, larger than the window's limit."""
+    seen: set = set()
+    picked, size = [], 0
+    for batch in reversed(batches):
+        for message, count in zip(reversed(batch.messages), reversed(batch.events)):
+            if size >= limit:
+                break
+            if id(message) not in seen:
+                seen.add(id(message))
+                picked.append((message, count))
+                size += len(message) + MESSAGE_OVERHEAD
+    picked.reverse()
+    replays, start, size = [], 0, 0
+    for index, (message, _) in enumerate(picked):
+        size += len(message) + MESSAGE_OVERHEAD
+        if size >= REPLAY_PIECE_BYTES or index == len(picked) - 1:
+            piece = picked[start:index + 1]
+            replays.append(batch_of([m for m, _ in piece], [c for _, c in piece],
+                                    [True] * len(piece), replayed=True))
+            start, size = index + 1, 0
+    return replays
+
+
+# A replay goes back to the queue in Batches of about this size (see replay_batches).
+REPLAY_PIECE_BYTES = DEFAULT_READ_BYTES
+
+
 class ByteQueue(asyncio.Queue):
     """asyncio.Queue bounded by the total nbytes of its Batches, not their count.
 
@@ -1306,11 +1342,10 @@ class Sender:
                 ends_line=self._current.ends_line[:self._handed]))
         if not batches:
             return 0
-        replay = batch_of([m for b in batches for m in b.messages],
-                          [e for b in batches for e in b.events],
-                          [True for b in batches for _ in b.messages], replayed=True)
-        self._queue.put_first(replay)
-        return sum(replay.events)
+        replays = replay_batches(batches, self.window.limit)
+        for replay in reversed(replays):
+            self._queue.put_first(replay)
+        return sum(sum(replay.events) for replay in replays)
 
     def spill_replay(self, batch: Batch):
         """--confirm: write a replayed Batch into the transport at once, without
