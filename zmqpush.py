@@ -32,6 +32,7 @@ import json.encoder
 import re
 import select
 import socket
+import stat
 import struct
 import sys
 import termios
@@ -156,6 +157,7 @@ class Config(NamedTuple):
     replay_bytes: int
     event_ids: bool
     array_bytes: int
+    security: Security | None = None  # CURVE keys and allowlists (README "Security")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -251,6 +253,7 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
     _field_options(p.add_argument_group("fields"))
     _reporting_options(p.add_argument_group("reporting"))
     _rsyslog_options(p.add_argument_group("rsyslog omprog"))
+    _security_options(p.add_argument_group("security"))
     return p
 
 
@@ -346,12 +349,32 @@ def _rsyslog_options(g):
                    f"(default {DEFAULT_CONFIRM_TIMEOUT:g})")
 
 
+def _security_options(g):
+    g.add_argument("--curve-server-cert", metavar="FILE",
+                   help="encrypt with CURVE and authenticate the receiver: its public "
+                   "certificate (ZPL, as czmq and pyzmq write it); with --connect")
+    g.add_argument("--curve-cert", metavar="FILE",
+                   help="our own CURVE key pair: a certificate with its secret key "
+                   "(FILE, or FILE_secret as czmq's zcert_load finds it); connecting: "
+                   "the client's (left out: a new key pair each run), binding: the server's")
+    g.add_argument("--curve-clients", metavar="DIR",
+                   help="--bind with --curve-cert: admit only clients whose public "
+                   "certificate is in DIR (czmq's clientcertpath); others are refused "
+                   "and counted")
+    g.add_argument("--allow", action="append", metavar="CIDR",
+                   help="--bind: admit peers only from these addresses (repeatable, e.g. "
+                   "10.0.0.0/8 or 192.0.2.7); others are refused and counted")
+    g.add_argument("--make-cert", action=_MakeCertAction, metavar="PATH",
+                   help="write a new key pair to PATH.key (public) and PATH.key_secret "
+                   "(mode 600), print the public key, and exit (no environment twin)")
+
+
 def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
     """ZMQPUSH_<DEST> values converted as their option would convert them."""
     defaults = {}
     for action in parser._actions:
         text = environ.get("ZMQPUSH_" + action.dest.upper())
-        if text is None or action.dest in ("help", "version"):
+        if text is None or action.dest in ("help", "version", "make_cert"):
             continue
         name = "ZMQPUSH_" + action.dest.upper()
         utf8(text, name)
@@ -500,6 +523,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         replay_bytes=replay_bytes,
         event_ids=bool(opt["event_id"]),
         array_bytes=array_bytes,
+        security=security_from(opt, connect, bind),
     )
 
 
@@ -524,6 +548,398 @@ def replayable_array_bytes(replay_bytes: int) -> int:
         return 1 << 62
     room = replay_bytes - RECEIVER_KERNEL_BYTES - REPLAY_SNDBUF - REPLAY_BATCH_ZMQ_BYTES
     return max(4096, room // STOCK_RCVHWM)
+
+
+# --------------------------------------------------------------- security --
+# Owns who may talk to whom: CURVE certificates (ZPL files, read with the
+# options: a bad one is a usage error), the socket options that apply them,
+# and in --bind mode a ZAP handler that admits only allowed keys and addresses.
+
+CURVE_KEY_RE = re.compile(rb"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")  # Z85, 32 bytes
+CERT_MOST_BYTES = 64 << 10  # a certificate is a few hundred bytes
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks (RFC 27)
+ZAP_DOMAIN = b"zmqpush"
+SAID_MOST = 1000  # refusals said one by one; past this many, only counted
+
+
+class Security(NamedTuple):
+    """Validated CURVE keys (Z85 text) and allowlists.  curve is "" (off),
+    "client" (connecting: server_key is the receiver's) or "server" (binding:
+    clients are the public keys admitted); networks, if any, are the
+    ipaddress networks a peer connecting to us must come from."""
+
+    curve: str = ""
+    public_key: bytes = b""
+    secret_key: bytes = b""
+    server_key: bytes = b""
+    clients: frozenset = frozenset()
+    networks: tuple = ()
+
+    def zap(self) -> bool:
+        """True if incoming connections must be checked by the ZAP handler."""
+        return self.curve == "server" or bool(self.networks)
+
+
+class _MakeCertAction(argparse.Action):
+    """--make-cert PATH: write a key pair (see make_certificate), print where and
+    the public key, exit 0; exit 2 if a file exists, 1 if it cannot be written."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            public, secret, key = make_certificate(values)
+        except OSError as exc:
+            warn(f"--make-cert: cannot write {exc.filename}: {exc.strerror or exc}")
+            parser.exit(EXIT_ERROR)
+        sys.stdout.write(f"public certificate: {public} (give it to the other side)\n"
+                         f"secret certificate: {secret} (keep it here, mode 600)\n"
+                         f"public key: {key}\n")
+        parser.exit(EXIT_OK)
+
+
+def _cert_text(title: str, public: str, secret: str | None) -> str:
+    """A certificate in ZPL, as czmq's zcert_save and pyzmq write it."""
+    text = (f"#   ****  Generated on {time.strftime('%Y-%m-%d %H:%M:%S')} by zmqpush  ****\n"
+            f"#   ZeroMQ CURVE {title}\n\nmetadata\ncurve\n"
+            f'    public-key = "{public}"\n')
+    return text + (f'    secret-key = "{secret}"\n' if secret else "")
+
+
+def make_certificate(base: str) -> tuple:
+    """Write a new CURVE key pair: base.key, the public certificate (mode 0644
+    less the umask), and base.key_secret, both keys (mode 0600); the names
+    pyzmq's create_certificates uses, which czmq's zcert_load("base.key") also
+    finds.  Never overwrites: UsageError if either exists.  Returns (public
+    file, secret file, public key); OSError if they cannot be written (then
+    neither is left behind)."""
+    import zmq
+    if not zmq.has("curve"):
+        raise UsageError("this libzmq has no CURVE support")
+    public_file, secret_file = base + ".key", base + ".key_secret"
+    for path in (public_file, secret_file):
+        if os.path.lexists(path):
+            raise UsageError(f"--make-cert: {path} exists (not overwritten)")
+    public, secret = (key.decode("ascii") for key in zmq.curve_keypair())
+    written = []
+    try:
+        for path, mode, text in (
+                (secret_file, 0o600, _cert_text(
+                    "**Secret** Certificate\n#   DO NOT PROVIDE THIS FILE TO OTHER USERS "
+                    "nor change its permissions.", public, secret)),
+                (public_file, 0o644, _cert_text("Public Certificate", public, None))):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            written.append(path)
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(text)
+    except OSError:
+        for path in written:
+            os.unlink(path)
+        raise
+    return public_file, secret_file, public
+
+
+def read_certificate(path: str, what: str) -> tuple:
+    """(public key, secret key or None), Z85 bytes, from the ZPL certificate at
+    path.  UsageError, naming `what`, if it is missing, unreadable, not a
+    regular file, larger than a certificate can be, or holds no valid key (or
+    a secret key that does not belong to its public key)."""
+    import zmq
+    import zmq.auth
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"{what} {path}: not a regular file")
+        if info.st_size > CERT_MOST_BYTES:
+            raise UsageError(f"{what} {path}: {info.st_size} bytes, not a certificate")
+        public, secret = zmq.auth.load_certificate(path)
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: {exc.strerror or 'cannot be read'}") from None
+    except ValueError:
+        raise UsageError(f"{what} {path}: not a ZPL certificate (no curve public-key)") \
+            from None
+    if not CURVE_KEY_RE.match(public):
+        raise UsageError(f"{what} {path}: malformed public-key (expected 40 Z85 characters)")
+    if secret is not None:
+        if not CURVE_KEY_RE.match(secret):
+            raise UsageError(f"{what} {path}: malformed secret-key "
+                             "(expected 40 Z85 characters)")
+        if zmq.curve_public(secret) != public:
+            raise UsageError(f"{what} {path}: its secret-key does not belong to its public-key")
+    return public, secret
+
+
+def read_key_pair(path: str) -> tuple:
+    """(public, secret) of --curve-cert: path itself, or path_secret when path
+    holds only the public key (czmq's zcert_load does the same).  Warns, as
+    ssh does, when the file holding the secret key is open to group or others."""
+    public, secret = read_certificate(path, "--curve-cert")
+    if secret is None:
+        if not os.path.exists(path + "_secret"):
+            raise UsageError(f"--curve-cert {path}: no secret-key in it, and no "
+                             f"{path}_secret beside it")
+        path += "_secret"
+        public, secret = read_certificate(path, "--curve-cert")
+        if secret is None:
+            raise UsageError(f"--curve-cert {path}: no secret-key in it")
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        warn(f"warning: {path} holds a secret key and is open to group or others "
+             f"(mode {mode:o}): chmod 600 {path}")
+    return public, secret
+
+
+def read_clients(directory: str) -> frozenset:
+    """The public keys of the certificates in directory (czmq's clientcertpath:
+    every regular file but hidden ones).  UsageError if it cannot be listed,
+    a file there is not a certificate, or there is none."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(directory)
+                       if not entry.name.startswith(".") and entry.is_file())
+    except OSError as exc:
+        raise UsageError(f"--curve-clients {directory}: {exc.strerror or exc}") from None
+    keys = set()
+    for name in names:
+        path = os.path.join(directory, name)
+        public, secret = read_certificate(path, "--curve-clients")
+        if secret is not None:
+            warn(f"warning: {path} holds a secret key: the server needs only the "
+                 "client's public certificate")
+        keys.add(public)
+    if not keys:
+        raise UsageError(f"--curve-clients {directory}: no certificate in it "
+                         "(no client could connect)")
+    return frozenset(keys)
+
+
+def parse_networks(specs: list) -> tuple:
+    """--allow values as ipaddress networks (a bare address is one host)."""
+    import ipaddress
+    networks = []
+    for spec in specs:
+        try:
+            networks.append(ipaddress.ip_network(spec, strict=False))
+        except ValueError:
+            raise UsageError(f"--allow {spec!r}: not an address or network "
+                             "(expected e.g. 10.0.0.0/8 or 192.0.2.7)") from None
+    return tuple(networks)
+
+
+def security_from(opt: dict, connect: list, bind: list) -> Security:
+    """The Security of these options (see README "Security"); UsageError for a
+    combination that cannot work or would admit anyone, or a bad file."""
+    server_cert, cert, clients = opt["curve_server_cert"], opt["curve_cert"], opt["curve_clients"]
+    allow = opt["allow"] or []
+    if allow and (connect or not bind):
+        raise UsageError("--allow admits peers that connect to us: it needs --bind "
+                         "and no --connect")
+    if allow and any(not endpoint.startswith("tcp://") for endpoint in bind):
+        raise UsageError("--allow checks IP addresses: it needs tcp:// endpoints")
+    networks = parse_networks(allow)
+    if not (server_cert or cert or clients):
+        return Security(networks=networks)
+    import zmq
+    if not zmq.has("curve"):
+        raise UsageError("this libzmq has no CURVE support")
+    if connect and bind:
+        raise UsageError("CURVE options apply to the whole socket: use them with "
+                         "--connect or with --bind, not both")
+    if connect:
+        if clients:
+            raise UsageError("--curve-clients is for --bind (the clients admitted)")
+        if not server_cert:
+            raise UsageError("--curve-cert with --connect needs --curve-server-cert "
+                             "(the receiver's certificate)")
+        server_key = read_certificate(server_cert, "--curve-server-cert")[0]
+        public, secret = read_key_pair(cert) if cert else zmq.curve_keypair()
+        return Security("client", public, secret, server_key=server_key)
+    if server_cert:
+        raise UsageError("--curve-server-cert is for --connect (binding, the server's "
+                         "own key pair is --curve-cert)")
+    if not cert:
+        raise UsageError("--curve-clients needs --curve-cert (the server's own key pair)")
+    if not clients:
+        raise UsageError("--bind with --curve-cert needs --curve-clients DIR: without "
+                         "it any client would be admitted")
+    public, secret = read_key_pair(cert)
+    return Security("server", public, secret, clients=read_clients(clients),
+                    networks=networks)
+
+
+def apply_security(sock, security: Security | None):
+    """Set the CURVE options on the PUSH socket, and the ZAP domain that makes
+    libzmq ask the handler (Gatekeeper) about every incoming connection, failing
+    closed (ZAP_ENFORCE_DOMAIN) if no handler answers."""
+    if security is None:
+        return
+    import zmq
+    if security.curve == "client":
+        sock.setsockopt(zmq.CURVE_SERVERKEY, security.server_key)
+    elif security.curve == "server":
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+    if security.curve:
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, security.public_key)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, security.secret_key)
+    if security.zap():
+        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+
+
+def address_allowed(address: str, networks: tuple) -> bool:
+    """True if the peer address (as ZAP gives it) is in one of networks; an
+    IPv4 peer on an IPv6 socket (::ffff:a.b.c.d) counts as its IPv4 address."""
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    candidates = [ip] + ([ip.ipv4_mapped] if getattr(ip, "ipv4_mapped", None) else [])
+    return any(c in network for c in candidates for network in networks
+               if c.version == network.version)
+
+
+# The socket monitor's events for a failed handshake: zmq.EVENT_HANDSHAKE_FAILED_
+# NO_DETAIL (value: errno), _PROTOCOL (a protocol error code), _AUTH (ZAP status).
+HANDSHAKE_FAILED_EVENTS = 0x0800 | 0x2000 | 0x4000
+# libzmq's protocol error codes that get words of their own
+_MECHANISM_MISMATCH = 0x11000002
+_CRYPTOGRAPHIC = 0x11000001
+
+
+class Gatekeeper:
+    """Watches the security of connections.  In --bind mode with CURVE or
+    --allow it is the socket context's ZAP handler (RFC 27): a ROUTER socket on
+    inproc://zeromq.zap.01, watched by the loop through its descriptor (no
+    timer), which admits a peer only if its address is allowed and, with CURVE,
+    its public key is in --curve-clients.  A refused peer never completes the
+    handshake, so ZeroMQ never gives it a message; each refusal is counted
+    (counters.refused) and said once per address and key.
+
+    handshake_failed() takes the monitor's HANDSHAKE_FAILED_* events: counted
+    (counters.handshake_failures) and said once per endpoint and cause, with
+    what to check.  These lines print even with -q: they are errors."""
+
+    def __init__(self, sock, security: Security | None, counters, bind: bool):
+        import zmq
+        self._zmq = zmq
+        self._security = security or Security()
+        self._counters = counters
+        self._bind = bind
+        self._said: set = set()
+        self._handler = None
+        if not self._security.zap():
+            return
+        self._handler = sock.context.socket(zmq.ROUTER)
+        self._handler.setsockopt(zmq.LINGER, 0)
+        self._handler.bind(ZAP_ENDPOINT)
+        self._fd = self._handler.getsockopt(zmq.FD)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._fd, self._answer)
+        self._loop.call_soon(self._answer)
+
+    def close(self):
+        """Stop answering (before the PUSH socket closes); idempotent."""
+        if self._handler is not None:
+            self._loop.remove_reader(self._fd)
+            self._handler.close(linger=0)
+            self._handler = None
+
+    def _answer(self):
+        """Answer every ZAP request ready now (ZeroMQ's FD signals edges only)."""
+        zmq = self._zmq
+        while self._handler is not None and \
+                self._handler.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = self._handler.recv_multipart(zmq.NOBLOCK)
+            routing, request = frames[:2], frames[2:]
+            status, text = self.decide(request)
+            request_id = request[1] if len(request) > 1 else b""
+            self._handler.send_multipart(
+                [*routing, b"1.0", request_id, status, text, b"", b""], zmq.NOBLOCK)
+
+    def decide(self, request: list) -> tuple:
+        """(status code, text) for a ZAP request's frames: version, request id,
+        domain, address, identity, mechanism, credentials."""
+        if len(request) < 6 or request[0] != b"1.0":
+            return b"500", b"malformed ZAP request"
+        address = request[3].decode("ascii", "replace")
+        from zmq.utils import z85
+        mechanism, credentials = request[5], request[6:]
+        security = self._security
+        if security.networks and not address_allowed(address, security.networks):
+            self._refuse(address, "", f"refused a peer from {address}: not in --allow")
+            return b"400", b"address not allowed"
+        if security.curve == "server":
+            if mechanism != b"CURVE" or len(credentials) != 1 or len(credentials[0]) != 32:
+                self._refuse(address, "", f"refused a peer from {address}: no CURVE key")
+                return b"400", b"CURVE required"
+            key = z85.encode(credentials[0])
+            if key not in security.clients:
+                who = key.decode("ascii")
+                self._refuse(address, who, f"refused a client from {address}: its key "
+                             f"{who} is not in --curve-clients")
+                return b"400", b"key not allowed"
+        elif mechanism != b"NULL":
+            self._refuse(address, "", f"refused a peer from {address}: mechanism "
+                         f"{mechanism.decode('ascii', 'replace')}")
+            return b"400", b"mechanism not allowed"
+        return b"200", b"OK"
+
+    def _refuse(self, address: str, key: str, text: str):
+        self._counters.refused += 1
+        self._say_once((address, key), text)
+
+    def _say_once(self, what: tuple, text: str):
+        if what in self._said or len(self._said) > SAID_MOST:
+            return
+        self._said.add(what)
+        if len(self._said) > SAID_MOST:
+            text = f"{SAID_MOST} refusals and failed handshakes said: further ones are " \
+                "only counted (--stats)"
+        warn(text)
+
+    def handshake_failed(self, event: int, value: int, endpoint: str):
+        """A monitor HANDSHAKE_FAILED_* event (value: errno, protocol error or
+        ZAP status): count it and say once per endpoint and cause what it means."""
+        self._counters.handshake_failures += 1
+        zmq = self._zmq
+        if self._bind and event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return  # our own refusal, said by decide()
+        cause = self._cause(event, value)
+        if self._bind:
+            self._say_once((endpoint, cause), f"a peer's handshake on {endpoint} failed: {cause}")
+        else:
+            self._say_once((endpoint, cause), f"handshake with {endpoint} failed (retrying; "
+                           f"lines read are kept): {cause}")
+
+    def _cause(self, event: int, value: int) -> str:
+        """What a failed handshake means, in words, from our side."""
+        zmq, curve = self._zmq, self._security.curve
+        peer = "the peer" if self._bind else "the receiver"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return (f"the receiver refused us (ZAP status {value}): is our public key "
+                    f"{self._security.public_key.decode('ascii')} among its allowed clients?"
+                    if curve else f"the receiver refused us (ZAP status {value})")
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if value == _MECHANISM_MISMATCH:
+                return (f"{peer} does not speak CURVE" if curve else
+                        f"{peer} requires a security mechanism (CURVE: "
+                        + ("--curve-cert and --curve-clients)" if self._bind
+                           else "--curve-server-cert)"))
+            if value == _CRYPTOGRAPHIC:
+                return "cryptographic error: the client does not have our server key"
+            return f"protocol error 0x{value:08x}"
+        if curve == "client":
+            return ("the receiver closed the connection during the CURVE handshake: is "
+                    "--curve-server-cert its certificate?")
+        return f"the connection closed during the handshake ({os.strerror(value)})"
+
+
+class Closing(NamedTuple):
+    """Closes each of parts in turn (what open_stream closes if it fails)."""
+
+    parts: tuple
+
+    def close(self):
+        for part in self.parts:
+            part.close()
 
 
 # --------------------------------------------------------------- encoding --
@@ -1090,6 +1506,7 @@ def configure_socket(sock, config: Config):
         ivl = max(1, int(config.heartbeat * 1000))
         sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
+    apply_security(sock, config.security)
 
 
 # ZeroMQ's errors for an endpoint that can never work, whatever the network does.
@@ -1407,20 +1824,25 @@ class Connections:
     what the kernel has not had acknowledged.  (aiozmq's own monitor misses
     events over inproc with this loop and can block at close.)  Only the events
     used are asked for, so libzmq never has to send a "monitor stopped" event at
-    the end, and failed reconnect attempts stay silent."""
+    the end, and failed reconnect attempts stay silent.  A failed handshake
+    goes to on_failed_handshake(event, value, endpoint), and the DISCONNECTED
+    that follows it is no receiver lost: in --bind mode every peer shares the
+    endpoint, and a refused peer or a port scan must not look like one."""
 
-    def __init__(self, sock, counters: Counters, on_event, on_lost):
+    def __init__(self, sock, counters: Counters, on_event, on_lost, on_failed_handshake=None):
         import zmq
         self._zmq = zmq
         self._sock = sock
         self._counters = counters
         self._on_event = on_event
         self._on_lost = on_lost
+        self._on_failed_handshake = on_failed_handshake  # (event, value, endpoint)
+        self._failed: collections.Counter = collections.Counter()  # their DISCONNECTED is due
         self._up: collections.Counter = collections.Counter()
         self._tcp_fds: set = set()
         self._monitor = sock.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-            | zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED)
+            | zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | HANDSHAKE_FAILED_EVENTS)
         self._fd = self._monitor.getsockopt(zmq.FD)
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._fd, self._read_events)
@@ -1467,12 +1889,18 @@ class Connections:
             self._up[endpoint] += 1
             self._counters.connected += 1
             self._on_event("connected", endpoint)
+        elif event == self._zmq.EVENT_DISCONNECTED and self._failed[endpoint] > 0:
+            self._failed[endpoint] -= 1  # a failed handshake ends: no receiver was lost
         elif event == self._zmq.EVENT_DISCONNECTED and self._up[endpoint] > 0:
             self._up[endpoint] -= 1
             self._counters.connected -= 1
             self._counters.disconnects += 1
             self._on_event("disconnected", endpoint)
             self._on_lost(endpoint)
+        elif event & HANDSHAKE_FAILED_EVENTS:
+            self._failed[endpoint] += 1
+            if self._on_failed_handshake is not None:
+                self._on_failed_handshake(event, value, endpoint)
 
 
 # -------------------------------------------------------------- lifecycle --
@@ -1492,6 +1920,8 @@ class Counters:
         self.connected = 0
         self.disconnects = 0
         self.events_replayed = 0
+        self.handshake_failures = 0
+        self.refused = 0
 
     def not_handed(self) -> int:
         """Events read and not dropped that ZeroMQ has not accepted (yet)."""
@@ -1526,7 +1956,9 @@ class Reporter:
                 "split": c.pieces, "transport_bytes": self._sender.buffered_bytes(),
                 "drain_waits": c.drain_waits, "connected": c.connected,
                 "disconnects": c.disconnects, "replayed": c.events_replayed,
-                "window_bytes": self._sender.window.nbytes, "rate": round(rate, 1)}
+                "window_bytes": self._sender.window.nbytes,
+                "handshake_failures": c.handshake_failures, "refused": c.refused,
+                "rate": round(rate, 1)}
 
     def print_stats(self):
         """One counters line: "zmqpush: read=N ..." or, with --stats-format json, an object."""
@@ -1621,6 +2053,7 @@ class Shipper:
         self._queue: ByteQueue | None = None
         self._reporter: Reporter | None = None
         self._connections: Connections | None = None
+        self._gatekeeper: Gatekeeper | None = None
         self._waiting: asyncio.TimerHandle | None = None
         self._replies: Replies | None = None
 
@@ -1659,15 +2092,19 @@ class Shipper:
                 self._replies.close()
             self._reader.close()
             self._connections.close()
+            self._gatekeeper.close()
             self._reporter.stop()
         delivered = await self._close(stream, context)
         return self._report(delivered)
 
-    def _watch_connections(self, sock) -> Connections:
-        """Monitor the socket's connections before it uses any endpoint."""
+    def _watch_connections(self, sock) -> Closing:
+        """Monitor the socket's connections (and guard them: Gatekeeper) before
+        it uses any endpoint."""
+        self._gatekeeper = Gatekeeper(sock, self.config.security, self.counters,
+                                      bool(self.config.bind))
         self._connections = Connections(sock, self.counters, self._on_connection_event,
-                                        self._on_receiver_lost)
-        return self._connections
+                                        self._on_receiver_lost, self._gatekeeper.handshake_failed)
+        return Closing((self._connections, self._gatekeeper))
 
     def _on_connection_event(self, what: str, endpoint: str):
         if what == "connected" and self._waiting is not None:
