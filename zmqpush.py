@@ -815,15 +815,22 @@ class Gatekeeper:
 
     handshake_failed() takes the monitor's HANDSHAKE_FAILED_* events: counted
     (counters.handshake_failures) and said once per endpoint and cause, with
-    what to check.  These lines print even with -q: they are errors."""
+    what to check.  These lines print even with -q: they are errors.  libzmq
+    never reconnects after a receiver refused us (ZAP) or spoke another
+    mechanism; so, connecting, the endpoint is connected again every
+    RECONNECT_IVL_MAX_MS (a timer exists only while that lasts)."""
 
-    def __init__(self, sock, security: Security | None, counters, bind: bool):
+    def __init__(self, sock, security: Security | None, counters, connect: list, bind: list):
         import zmq
         self._zmq = zmq
+        self._sock = sock
         self._security = security or Security()
         self._counters = counters
-        self._bind = bind
+        self._connect = connect
+        self._bind = bool(bind)
         self._said: set = set()
+        self._retries: dict = {}  # endpoint -> TimerHandle of its next connect
+        self._loop = asyncio.get_running_loop()
         self._handler = None
         if not self._security.zap():
             return
@@ -831,12 +838,14 @@ class Gatekeeper:
         self._handler.setsockopt(zmq.LINGER, 0)
         self._handler.bind(ZAP_ENDPOINT)
         self._fd = self._handler.getsockopt(zmq.FD)
-        self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._fd, self._answer)
         self._loop.call_soon(self._answer)
 
     def close(self):
-        """Stop answering (before the PUSH socket closes); idempotent."""
+        """Stop answering and retrying (before the PUSH socket closes); idempotent."""
+        for timer in self._retries.values():
+            timer.cancel()
+        self._retries.clear()
         if self._handler is not None:
             self._loop.remove_reader(self._fd)
             self._handler.close(linger=0)
@@ -905,9 +914,34 @@ class Gatekeeper:
         cause = self._cause(event, value)
         if self._bind:
             self._say_once((endpoint, cause), f"a peer's handshake on {endpoint} failed: {cause}")
-        else:
-            self._say_once((endpoint, cause), f"handshake with {endpoint} failed (retrying; "
-                           f"lines read are kept): {cause}")
+            return
+        self._say_once((endpoint, cause), f"handshake with {endpoint} failed (retrying; "
+                       f"lines read are kept): {cause}")
+        if event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # libzmq gave up on it
+            self._retry(endpoint)
+
+    def _retry(self, endpoint: str):
+        """Connect the configured endpoint behind endpoint again, a while from
+        now.  The monitor names it as configured, or, after one of libzmq's own
+        reconnects, with the host resolved: then only a configured endpoint
+        with the same port, if it is the only one, can be meant (with several,
+        none is touched rather than drop a healthy connection)."""
+        port = endpoint.rsplit(":", 1)[-1]
+        same_port = [c for c in self._connect if c.rsplit(":", 1)[-1] == port]
+        target = endpoint if endpoint in self._connect else \
+            same_port[0] if len(same_port) == 1 else None
+        if target is None or target in self._retries:
+            return
+        self._retries[target] = self._loop.call_later(RECONNECT_IVL_MAX_MS / 1000,
+                                                      self._reconnect, target)
+
+    def _reconnect(self, endpoint: str):
+        del self._retries[endpoint]
+        try:
+            self._sock.disconnect(endpoint)
+        except self._zmq.ZMQError:
+            pass  # libzmq had already forgotten it
+        self._sock.connect(endpoint)
 
     def _cause(self, event: int, value: int) -> str:
         """What a failed handshake means, in words, from our side."""
@@ -927,8 +961,8 @@ class Gatekeeper:
                 return "cryptographic error: the client does not have our server key"
             return f"protocol error 0x{value:08x}"
         if curve == "client":
-            return ("the receiver closed the connection during the CURVE handshake: is "
-                    "--curve-server-cert its certificate?")
+            return ("the receiver closed the connection during the CURVE handshake: it "
+                    "does not speak CURVE, or --curve-server-cert is not its certificate")
         return f"the connection closed during the handshake ({os.strerror(value)})"
 
 
@@ -2101,7 +2135,7 @@ class Shipper:
         """Monitor the socket's connections (and guard them: Gatekeeper) before
         it uses any endpoint."""
         self._gatekeeper = Gatekeeper(sock, self.config.security, self.counters,
-                                      bool(self.config.bind))
+                                      self.config.connect, self.config.bind)
         self._connections = Connections(sock, self.counters, self._on_connection_event,
                                         self._on_receiver_lost, self._gatekeeper.handshake_failed)
         return Closing((self._connections, self._gatekeeper))
@@ -2377,6 +2411,9 @@ def main(argv=None) -> int:
     except UsageError as exc:
         warn(f"{exc} (see --help)")
         return EXIT_USAGE
+    except ImportError as exc:  # certificates are read with pyzmq: a broken install
+        warn(f"failed: {exc}")
+        return EXIT_ERROR
     loop = new_event_loop()
     try:
         return loop.run_until_complete(Shipper(config, stdout_closed=1 in closed).run())
