@@ -1859,9 +1859,13 @@ class Connections:
     events over inproc with this loop and can block at close.)  Only the events
     used are asked for, so libzmq never has to send a "monitor stopped" event at
     the end, and failed reconnect attempts stay silent.  A failed handshake
-    goes to on_failed_handshake(event, value, endpoint), and the DISCONNECTED
-    that follows it is no receiver lost: in --bind mode every peer shares the
-    endpoint, and a refused peer or a port scan must not look like one."""
+    goes to on_failed_handshake(event, value, endpoint).  In --bind mode every
+    peer shares the endpoint, and a refused peer or a port scan must not look
+    like a receiver that went away: a DISCONNECTED is not one when it follows
+    its connection's failed handshake (libzmq says both in a row), or when no
+    handshake at all succeeded while that connection lived.  Otherwise it is
+    one (when in doubt: a needless replay costs duplicates, a missed one may
+    lose what was in flight)."""
 
     def __init__(self, sock, counters: Counters, on_event, on_lost, on_failed_handshake=None):
         import zmq
@@ -1871,7 +1875,11 @@ class Connections:
         self._on_event = on_event
         self._on_lost = on_lost
         self._on_failed_handshake = on_failed_handshake  # (event, value, endpoint)
-        self._failed: collections.Counter = collections.Counter()  # their DISCONNECTED is due
+        # A connection's DISCONNECTED is no receiver lost if it follows its failed
+        # handshake, or if no handshake succeeded at all while it lived.
+        self._failing = False
+        self._successes = 0
+        self._born: dict = {}  # TCP descriptor -> self._successes when it connected
         self._up: collections.Counter = collections.Counter()
         self._tcp_fds: set = set()
         self._monitor = sock.get_monitor_socket(
@@ -1915,24 +1923,27 @@ class Connections:
 
     def _on_monitor_event(self, event: int, value: int, endpoint: str):
         zmq = self._zmq
+        handshaken = True
         if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
             self._tcp_fds.add(value)
+            self._born[value] = self._successes
         elif event == zmq.EVENT_DISCONNECTED:
             self._tcp_fds.discard(value)
+            handshaken = not self._failing and self._born.pop(value, -1) != self._successes
+            self._failing = False
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._successes += 1
             self._up[endpoint] += 1
             self._counters.connected += 1
             self._on_event("connected", endpoint)
-        elif event == self._zmq.EVENT_DISCONNECTED and self._failed[endpoint] > 0:
-            self._failed[endpoint] -= 1  # a failed handshake ends: no receiver was lost
-        elif event == self._zmq.EVENT_DISCONNECTED and self._up[endpoint] > 0:
+        elif event == self._zmq.EVENT_DISCONNECTED and handshaken and self._up[endpoint] > 0:
             self._up[endpoint] -= 1
             self._counters.connected -= 1
             self._counters.disconnects += 1
             self._on_event("disconnected", endpoint)
             self._on_lost(endpoint)
         elif event & HANDSHAKE_FAILED_EVENTS:
-            self._failed[endpoint] += 1
+            self._failing = True  # libzmq says DISCONNECTED next, for the same connection
             if self._on_failed_handshake is not None:
                 self._on_failed_handshake(event, value, endpoint)
 
