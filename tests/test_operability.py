@@ -286,7 +286,9 @@ def test_help_groups_the_options_by_concern():
               "fields:": ["--host-field", "--host-field-ecs", "--timestamp", "--field",
                           "--event-id"],
               "reporting:": ["--stats", "--stats-format", "--progress", "--quiet"],
-              "rsyslog omprog:": ["--confirm", "--confirm-timeout"]}
+              "rsyslog omprog:": ["--confirm", "--confirm-timeout"],
+              "security:": ["--curve-server-cert", "--curve-cert", "--curve-clients", "--allow",
+                            "--make-cert"]}
     starts = {heading: text.index("\n" + heading + "\n") for heading in groups}
     ends = [*sorted(starts.values()), text.index("\nexamples:")]
     for heading, options in groups.items():
