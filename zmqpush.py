@@ -81,7 +81,9 @@ PIPE_BYTES = 4 << 20
 # are refused.
 DEFAULT_MEMORY_BYTES = 64 << 20
 MEMORY_BASE = 30 << 20
-MEMORY_PER_LINE_BYTE = 36  # escaping (up to 6x), encoding copies, ZeroMQ's queue
+MEMORY_PER_LINE_BYTE = 16  # escaping (up to 6x), encoding copies, ZeroMQ's queue
+# What fit_memory lowers an unset --queue-bytes or --replay-bytes to, at most.
+FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
 
 # ---------------------------------------------------------------- options --
@@ -489,15 +491,17 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     batch_bytes = opt["batch_bytes"] or DEFAULT_READ_BYTES
     replay_bytes = (DEFAULT_REPLAY_BYTES if opt["replay_bytes"] is None
                     else opt["replay_bytes"])
-    array_bytes = min(batch_bytes, replayable_array_bytes(replay_bytes))
     zmq_bytes = REPLAY_BATCH_ZMQ_BYTES if replay_bytes else BATCH_ZMQ_BYTES
-    default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
-                      else DEFAULT_SNDHWM)
     queue_bytes = opt["queue_bytes"] or DEFAULT_QUEUE_BYTES
     max_line_bytes = opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES
-    check_memory(opt["memory_bytes"] or DEFAULT_MEMORY_BYTES, queue_bytes + replay_bytes
-                 + (zmq_bytes if opt["batch"] else PIPE_BYTES),
-                 max_line_bytes, batch_bytes if opt["batch"] else DEFAULT_READ_BYTES)
+    queue_bytes, replay_bytes = fit_memory(
+        opt, queue_bytes, replay_bytes,
+        zmq_bytes=max(PIPE_BYTES, zmq_bytes) if opt["batch"] else PIPE_BYTES,
+        max_line_bytes=max_line_bytes,
+        read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES)
+    array_bytes = min(batch_bytes, replayable_array_bytes(replay_bytes))
+    default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
+                      else DEFAULT_SNDHWM)
     return Config(
         logtype=utf8(opt["logtype"] if opt["logtype"] is not None else "syslog", "LOGTYPE"),
         connect=connect, bind=bind,
@@ -527,17 +531,49 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     )
 
 
-def check_memory(limit: int, held: int, max_line_bytes: int, read_bytes: int):
-    """UsageError if the worst case of these settings exceeds limit bytes: the
-    base, what the queue, window and ZeroMQ hold, and per byte of the longest
-    line piece and of one read what escaping and encoding may take."""
-    need = (MEMORY_BASE + held + MEMORY_PER_LINE_BYTE * max_line_bytes
+def memory_need(held: int, max_line_bytes: int, read_bytes: int) -> int:
+    """The worst case, in bytes, of settings whose queue, window and ZeroMQ hold
+    `held` bytes: the base, plus per byte of the longest line piece and of one
+    read what escaping and encoding may take (README "Flow control and memory")."""
+    return (MEMORY_BASE + held + MEMORY_PER_LINE_BYTE * max_line_bytes
             + MEMORY_PER_READ_BYTE * read_bytes)
-    if need > limit:
-        raise UsageError(f"these settings may need {need / (1 << 20):.0f} MiB, over "
-                         f"--memory-bytes {limit}: lower --queue-bytes, --replay-bytes, "
-                         "--max-line-bytes or --batch-bytes, or raise --memory-bytes "
+
+
+def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int,
+               max_line_bytes: int, read_bytes: int) -> tuple:
+    """(queue bytes, replay bytes) whose worst case fits --memory-bytes.
+
+    Settings that fit come back as they are.  Otherwise what the user did not
+    set (opt[...] is None) is lowered: first the queue, then the replay window,
+    each to FIT_FLOOR_BYTES at least (the window is never turned off), and one
+    line on stderr says so.  UsageError if even that does not fit: what the
+    user asked for cannot be had within --memory-bytes."""
+    limit = opt["memory_bytes"] or DEFAULT_MEMORY_BYTES
+    excess = memory_need(queue_bytes + replay_bytes + zmq_bytes, max_line_bytes,
+                         read_bytes) - limit
+    if excess <= 0:
+        return queue_bytes, replay_bytes
+    fitted = {"queue_bytes": queue_bytes, "replay_bytes": replay_bytes}
+    lowered = []
+    for name, value in fitted.items():
+        if opt[name] is None and excess > 0 and value > FIT_FLOOR_BYTES:
+            cut = min(excess, value - FIT_FLOOR_BYTES)
+            fitted[name] = value - cut
+            excess -= cut
+            lowered.append(f"--{name.replace('_', '-')} {value - cut}")
+    if excess > 0:
+        need = (limit + excess) / (1 << 20)
+        raise UsageError(f"these settings may need {need:.0f} MiB, over --memory-bytes "
+                         f"{limit}: lower --queue-bytes, --replay-bytes, --max-line-bytes "
+                         "or --batch-bytes, or raise --memory-bytes "
                          '(README "Flow control and memory")')
+    asked = " ".join(f"--{name.replace('_', '-')} {opt[name]}" for name in
+                     ("max_line_bytes", "batch_bytes", "queue_bytes", "replay_bytes",
+                      "memory_bytes") if opt[name] is not None)
+    warn(f"to fit --memory-bytes {limit} with {asked or 'these settings'}: "
+         f"{' and '.join(lowered)}, lowered from the defaults "
+         '(README "Flow control and memory")')
+    return fitted["queue_bytes"], fitted["replay_bytes"]
 
 
 def replayable_array_bytes(replay_bytes: int) -> int:
@@ -1083,6 +1119,10 @@ class Encoder:
         if self._run_id is not None:
             return self._encode_with_ids(escaped, tail)
         tail += b"}"
+        if escaped.find(b"\n") == len(escaped) - 1:  # one line: one copy of it, not three
+            view = memoryview(escaped)[:-1]
+            return [b"".join((b"[", self._head, view, tail, b"]") if self._batch
+                             else (self._head, view, tail))], [1]
         between = tail + (b"," if self._batch else _MESSAGE_MARK) + self._head
         body = escaped.replace(b"\n", between)
         count = (len(body) - len(escaped)) // (len(between) - 1)
@@ -1148,6 +1188,10 @@ class Segment(NamedTuple):
     continues: bool = False
 
 
+# Lines longer than this leave the reader in a Segment of their own.
+LONE_LINE_BYTES = 64 << 10
+
+
 class LineFramer:
     """Splits a byte stream into Segments; keeps the unfinished last line.
 
@@ -1182,16 +1226,24 @@ class LineFramer:
         return [Segment(last, strip_cr=False)]
 
     def _segments(self, complete: bytes) -> list:
-        """complete (whole lines) as Segments, over-long lines split into pieces."""
-        if len(complete) <= self._max + 1:
+        """complete (whole lines) as Segments, over-long lines split into pieces,
+        and a line over LONE_LINE_BYTES in a Segment of its own (the encoder
+        then copies it once, not three times)."""
+        if len(complete) <= min(self._max + 1, LONE_LINE_BYTES):
             return [Segment(complete)]
         lines = complete.split(b"\n")[:-1]
-        if max(map(len, lines)) <= self._max:
+        if max(map(len, lines)) <= min(self._max, LONE_LINE_BYTES):
             return [Segment(complete)]
         out, run = [], []
         for line in lines:
-            if len(line) <= self._max + (line[-1:] == b"\r"):
+            if len(line) <= min(LONE_LINE_BYTES, self._max + (line[-1:] == b"\r")):
                 run.append(line)
+                continue
+            if len(line) <= self._max + (line[-1:] == b"\r"):
+                if run:
+                    out.append(Segment(b"\n".join(run) + b"\n"))
+                    run = []
+                out.append(Segment(line + b"\n"))
                 continue
             if run:
                 out.append(Segment(b"\n".join(run) + b"\n"))
@@ -2405,6 +2457,30 @@ def reopen_closed_std_fds() -> set:
     return closed
 
 
+# glibc's mallopt parameter, and the size from which blocks get their own mapping.
+M_MMAP_THRESHOLD = -3
+LARGE_BLOCK_BYTES = 256 << 10
+
+
+def map_large_blocks(config: Config) -> bool:
+    """For settings with messages past the defaults' (longer lines, larger
+    reads), have glibc map every block of LARGE_BLOCK_BYTES or more on its own,
+    so that freeing it returns it to the system.  Left to itself glibc raises
+    that threshold to the largest block freed (up to 32 MiB): escaped megabyte
+    lines then come from the heap, where small objects between them keep it
+    from shrinking (measured: 78 MiB peak against 51 MiB, 1 MiB lines of NULs
+    between short ones).  Returns True if set; ctypes (4 ms to import) is paid
+    only then."""
+    if config.max_line_bytes <= DEFAULT_MAX_LINE_BYTES and \
+            (not config.batch or config.batch_bytes <= DEFAULT_READ_BYTES):
+        return False
+    try:
+        import ctypes
+        return ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES) == 1
+    except (ImportError, OSError, AttributeError):  # not glibc
+        return False
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop if uvloop is installed, else asyncio's default."""
     try:
@@ -2425,6 +2501,7 @@ def main(argv=None) -> int:
     except ImportError as exc:  # certificates are read with pyzmq: a broken install
         warn(f"failed: {exc}")
         return EXIT_ERROR
+    map_large_blocks(config)
     loop = new_event_loop()
     try:
         return loop.run_until_complete(Shipper(config, stdout_closed=1 in closed).run())

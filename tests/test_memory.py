@@ -84,10 +84,11 @@ def test_a_3_mb_line_cut_into_4_byte_pieces_stays_under_64_mib():
 
 
 @pytest.mark.parametrize("args", [
-    ["--max-line-bytes", str(MIB)], ["--queue-bytes", str(40 * MIB)],
+    ["--max-line-bytes", str(4 * MIB)], ["--queue-bytes", str(40 * MIB)],
     ["--replay-bytes", str(40 * MIB)], ["--batch", "--batch-bytes", str(4 * MIB)],
 ])
-def test_settings_whose_worst_case_exceeds_the_limit_are_refused(args):
+def test_settings_that_cannot_fit_the_limit_are_refused(args):
+    """Even with what the user did not set lowered as far as it goes."""
     proc = subprocess.run(cli(*args), input=b"x\n", capture_output=True, timeout=20,
                           env=env_with(None))
     assert proc.returncode == 2
@@ -97,6 +98,42 @@ def test_settings_whose_worst_case_exceeds_the_limit_are_refused(args):
                                 "-c", "tcp://127.0.0.1:9"), input=b"", capture_output=True,
                             timeout=20, env=env_with(None))
     assert raised.returncode == 0, raised.stderr
+
+
+MIB_LINES = {
+    "nul-1mib-lines": (b"\x00" * MIB + b"\n") * 16,
+    "nul-1mib-between-short-ones": ((b"\x00" * MIB + b"\n") + b"x\n" * 20_000) * 5,
+}
+
+
+@pytest.mark.parametrize("mode", [[], ["--batch"]], ids=["default", "batch"])
+@pytest.mark.parametrize("shape", list(MIB_LINES))
+def test_one_mib_lines_fit_the_default_memory_bound(shape, mode):
+    """--max-line-bytes 1 MiB, asked for alone, fits 64 MiB: the queue and the
+    window (not set) are lowered, and peak RSS stays under the bound."""
+    code, peak_kib, summary = ship(["--max-line-bytes", str(MIB), *mode], MIB_LINES[shape])
+    assert code == 0
+    words = summary.split()
+    assert words[0] == "received" and words[3] == "(0" and words[4] == "invalid)", summary
+    assert int(words[1]) == MIB_LINES[shape].count(b"\n"), summary
+    assert peak_kib < 64 * 1024, peak_kib
+
+
+@pytest.mark.parametrize(("args", "lowered"), [
+    (["--max-line-bytes", str(MIB)], "--queue-bytes 1048576 and --replay-bytes 7340032"),
+    (["--max-line-bytes", str(MIB), "--queue-bytes", str(4 * MIB)], "--replay-bytes 4194304"),
+    (["--max-line-bytes", str(128 << 10)], None),
+])
+def test_explicit_settings_fit_by_lowering_what_was_not_set_said_once(args, lowered):
+    proc = subprocess.run(cli(*args, "-c", "tcp://127.0.0.1:9", "--linger", "0.2"),
+                          input=b"", capture_output=True, timeout=20, env=env_with(None))
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.decode().splitlines() if "to fit" in line]
+    if lowered is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0].startswith("zmqpush: to fit --memory-bytes ")
+        assert f": {lowered}, lowered from the defaults" in notes[0], notes
 
 
 # A receiver like the stock input's socket (LINGER 1, RCVHWM 1000) that appends
