@@ -207,7 +207,7 @@ def _seconds(low: float = 0, high: float = MAX_SECONDS, off: bool = False):
         value = float(text)
         if not (low <= value <= high or (off and value == 0)):
             raise ValueError(text)
-        return value
+        return value + 0.0  # -0 is 0 (it was printed as "-0s")
     seconds.__name__ = f"number of seconds from {low:g} to {high:g}" + \
         (" (0: off)" if off else "")
     return seconds

@@ -421,6 +421,15 @@ def test_linger_0_ends_at_once_and_exits_3_since_delivery_was_not_awaited(receiv
     assert "zmqpush: --linger 0: delivery was not waited for" in lines
 
 
+@pytest.mark.parametrize("option", ["--linger", "--confirm-timeout"])
+def test_minus_zero_seconds_is_zero(receiver, option):
+    proc = run(["-c", receiver.endpoint, option, "-0", "--linger", "-0", "--stats", "-0"],
+               b"one\n")
+    text = proc.stderr.decode()
+    assert proc.returncode == 3 and "-0" not in text, text
+    assert "zmqpush: --linger 0: delivery was not waited for" in text
+
+
 def test_linger_0_with_nothing_read_exits_0(receiver):
     assert run(["-c", receiver.endpoint, "--linger", "0"], b"", timeout=20).returncode == 0
 
