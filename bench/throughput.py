@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Throughput: zmqpush (default and --batch, replay window on and off) against the
-naive pyzmq loop, in one run.
+naive pyzmq loop, in one run; with --curve, zmqpush with CURVE off and on instead.
 
 Each shipper reads the same realistic corpus (bench/corpus.py) from a pipe and sends
 to bench/sink.py in another process, which validates every event with a strict JSON
@@ -45,11 +45,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# --curve: the same shipper with CURVE off and on, against a sink that is a CURVE
+# server when it is on (keys made by zmqpush.py --make-cert in CERTS, set by main).
+CERTS = ""
+
+
+def curve_args() -> list:
+    return ["--curve-server-cert", os.path.join(CERTS, "server.key"),
+            "--curve-cert", os.path.join(CERTS, "client.key_secret")]
+
+
+CURVE_MODES = {
+    "naive pyzmq loop": MODES["naive pyzmq loop"],
+    "zmqpush": MODES["zmqpush"],
+    "zmqpush, CURVE": lambda ep: [*MODES["zmqpush"](ep), *curve_args()],
+    "zmqpush --batch": MODES["zmqpush --batch"],
+    "zmqpush --batch, CURVE": lambda ep: [*MODES["zmqpush --batch"](ep), *curve_args()],
+}
+ALL_MODES = {**MODES, **CURVE_MODES}
+
+
 def run_once(mode: str, corpus: str, lines: int) -> dict:
     """One shipment of the corpus; returns its measurements."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
+    curve = ["--curve-server", os.path.join(CERTS, "server.key_secret")] \
+        if mode.endswith("CURVE") else []
     sink = subprocess.Popen([PY, str(HERE / "sink.py"), "--bind", endpoint, "--quiet",
-                             "--count", str(lines), "--idle", "10"],
+                             "--count", str(lines), "--idle", "10", *curve],
                             stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
     with tempfile.NamedTemporaryFile("r") as usage, open(corpus, "rb") as f:
@@ -57,7 +79,7 @@ def run_once(mode: str, corpus: str, lines: int) -> dict:
         cat = subprocess.Popen(["cat"], stdin=f, stdout=subprocess.PIPE)
         # GNU time measures the shipper alone: its own small process forks it.
         shipper = subprocess.Popen([TIME, "-o", usage.name, "-f", "%U %S %M",
-                                    *MODES[mode](endpoint)],
+                                    *ALL_MODES[mode](endpoint)],
                                    stdin=cat.stdout, stderr=subprocess.DEVNULL)
         cat.stdout.close()
         shipper.wait()
@@ -77,13 +99,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lines", type=int, default=500_000)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--curve", action="store_true", help="compare CURVE off and on")
     args = p.parse_args()
+    modes = CURVE_MODES if args.curve else MODES
+    global CERTS  # noqa: PLW0603
     with tempfile.TemporaryDirectory() as tmp:
+        CERTS = tmp
+        for name in ("server", "client"):
+            subprocess.run([PY, str(HERE.parent / "zmqpush.py"), "--make-cert",
+                            os.path.join(tmp, name)], check=True, stdout=subprocess.DEVNULL)
         corpus = os.path.join(tmp, "corpus.log")
         size = write_corpus(corpus, args.lines)
-        results = {mode: [] for mode in MODES}
+        results = {mode: [] for mode in modes}
         for _ in range(args.runs):
-            for mode in MODES:
+            for mode in modes:
                 results[mode].append(run_once(mode, corpus, args.lines))
     print(f"{args.lines} lines of {size / args.lines:.0f} bytes, median of {args.runs} "
           f"alternating runs, {os.cpu_count()} CPUs\n")
