@@ -995,7 +995,9 @@ class Gatekeeper:
                            else "--curve-server-cert)"))
             if value == _CRYPTOGRAPHIC:
                 return "cryptographic error: the client does not have our server key"
-            return f"protocol error 0x{value:08x}"
+            names = [name[15:] for name in dir(zmq) if name.startswith("PROTOCOL_ERROR_")
+                     and getattr(zmq, name) == value]
+            return f"protocol error {names[0] if names else ''} (0x{value:08x})"
         if curve == "client":
             return ("the receiver closed the connection during the CURVE handshake: it "
                     "does not speak CURVE, or --curve-server-cert is not its certificate")
