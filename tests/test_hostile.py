@@ -317,6 +317,20 @@ def test_closed_stdout_or_stderr_never_aborts(receiver, fd, extra):
         assert receiver.wait_for(1000, 20) == 1000
 
 
+def test_a_directory_as_stdin_is_refused_before_anything_is_sent(receiver, tmp_path):
+    """CPython refuses to start with a directory as stdin, before the script's
+    first line (README "Exit codes"): zmqpush cannot catch it, but nothing is
+    sent and the exit code says it failed."""
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        proc = run(["-c", receiver.endpoint], stdin=directory, timeout=20)
+    finally:
+        os.close(directory)
+    assert proc.returncode == 1
+    assert b"<stdin> is a directory" in proc.stderr
+    assert receiver.settle(0.3) == 0
+
+
 def test_closed_stdin_reads_as_empty_input(receiver):
     proc = subprocess.run(cli("-c", receiver.endpoint), capture_output=True, timeout=30,
                           env=env_with(None), stdin=subprocess.DEVNULL,
