@@ -784,7 +784,10 @@ def security_from(opt: dict, connect: list, bind: list) -> Security:
         if not server_cert:
             raise UsageError("--curve-cert with --connect needs --curve-server-cert "
                              "(the receiver's certificate)")
-        server_key = read_certificate(server_cert, "--curve-server-cert")[0]
+        server_key, server_secret = read_certificate(server_cert, "--curve-server-cert")
+        if server_secret is not None:
+            warn(f"warning: {server_cert} holds the receiver's secret key: give "
+                 "--curve-server-cert its public certificate, and keep the secret on the receiver")
         public, secret = read_key_pair(cert) if cert else zmq.curve_keypair()
         return Security("client", public, secret, server_key=server_key)
     if server_cert:
