@@ -14,6 +14,7 @@ import sys
 import time
 
 import zmq
+import zmq.auth
 
 
 def events_of(frame: bytes):
@@ -69,11 +70,16 @@ def main() -> int:
     p.add_argument("--count", type=int, default=0, help="stop after N events")
     p.add_argument("--idle", type=float, default=0, help="stop after S seconds with none")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
+    p.add_argument("--curve-server", metavar="SECRET_CERT",
+                   help="be a CURVE server with this key pair (admits any client key)")
     args = p.parse_args()
 
     sock = zmq.Context.instance().socket(zmq.PULL)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)  # queue without bound: parsing never slows the sender
+    if args.curve_server:
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = zmq.auth.load_certificate(args.curve_server)
     if args.connect:
         sock.connect(args.connect)
     else:

@@ -23,6 +23,8 @@ A last line gives the Python floor (bench/floor.py): the send rate of a loop tha
 only calls the Cython backend's send on pre-built messages, reading and encoding
 excluded.  --validate uses bench/sink.py (strict JSON parse of every event) as the
 receiver instead, to check validity: its rates are then capped by that receiver.
+--curve compares zmqpush with CURVE off and on (keys made with zmqpush.py
+--make-cert), receiver bench/sink.py, a CURVE server for the CURVE rows.
 """
 import argparse
 import os
@@ -45,9 +47,22 @@ C_LINE, C_ARRAY = "C, one message per line", "C, one array per read"
 FLOOR = "Python floor: backend send of pre-built messages"
 
 
-def rows(args, cship: str) -> dict:
-    """Row name -> argv of the shipper (ENDPOINT stands for the endpoint)."""
+def rows(args, cship: str, certs: str) -> dict:
+    """Row name -> argv of the shipper (ENDPOINT stands for the endpoint).  With
+    --curve, zmqpush with CURVE off and on (rows ending in CURVE) instead of the
+    replay rows; the keys are in certs."""
     zmqpush = [args.python, args.zmqpush, "-q"]
+    if args.curve:
+        keys = ["--curve-server-cert", os.path.join(certs, "server.key"),
+                "--curve-cert", os.path.join(certs, "client.key_secret")]
+        return {
+            C_LINE: [cship, "ENDPOINT"],
+            C_ARRAY: [cship, "ENDPOINT", "--array"],
+            "zmqpush": [*zmqpush, "-c", "ENDPOINT"],
+            "zmqpush, CURVE": [*zmqpush, "-c", "ENDPOINT", *keys],
+            "zmqpush --batch": [*zmqpush, "--batch", "-c", "ENDPOINT"],
+            "zmqpush --batch, CURVE": [*zmqpush, "--batch", "-c", "ENDPOINT", *keys],
+        }
     return {
         C_LINE: [cship, "ENDPOINT"],
         C_ARRAY: [cship, "ENDPOINT", "--array"],
@@ -67,20 +82,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_sink(lines: int):
+def start_sink(lines: int, extra: list):
     """(process, endpoint) of bench/sink.py bound on 127.0.0.1, ending after lines."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     proc = subprocess.Popen([sys.executable, str(HERE / "sink.py"), "--bind", endpoint,
-                             "--quiet", "--count", str(lines), "--idle", "10"],
+                             "--quiet", "--count", str(lines), "--idle", "10", *extra],
                             stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
     return proc, endpoint
 
 
-def run_once(argv: list, corpus: str, lines: int, validate: bool) -> dict:
+def run_once(argv: list, corpus: str, lines: int, validate: bool, sink_args: list) -> dict:
     """One shipment of the corpus; returns its measurements."""
     if validate:
-        sink, endpoint = start_sink(lines)
+        sink, endpoint = start_sink(lines, sink_args)
     else:
         counter = Counter(lines, idle=10)
         endpoint = counter.endpoint
@@ -132,17 +147,27 @@ def main() -> int:
     p.add_argument("--validate", action="store_true",
                    help="receiver bench/sink.py, strict JSON parse of every event")
     p.add_argument("--no-floor", action="store_true", help="leave out the Python floor")
+    p.add_argument("--curve", action="store_true",
+                   help="zmqpush with CURVE off and on (implies --validate: the receiver "
+                   "is bench/sink.py, a CURVE server for the CURVE rows)")
     args = p.parse_args()
-    shippers = rows(args, build("cship"))
-    if not args.no_floor:
-        shippers[FLOOR] = [args.python, str(HERE / "floor.py"), "ENDPOINT"]
+    args.validate = args.validate or args.curve
     with tempfile.TemporaryDirectory() as tmp:
+        shippers = rows(args, build("cship"), tmp)
+        if not args.no_floor and not args.curve:
+            shippers[FLOOR] = [args.python, str(HERE / "floor.py"), "ENDPOINT"]
+        for name in ("server", "client"):
+            if args.curve:
+                subprocess.run([args.python, args.zmqpush, "--make-cert",
+                                os.path.join(tmp, name)], check=True, stdout=subprocess.DEVNULL)
+        server = ["--curve-server", os.path.join(tmp, "server.key_secret")]
         corpus = os.path.join(tmp, "corpus.log")
         size = write_corpus(corpus, args.lines)
         results = {name: [] for name in shippers}
         for _ in range(args.runs):
             for name, argv in shippers.items():
-                results[name].append(run_once(argv, corpus, args.lines, args.validate))
+                results[name].append(run_once(argv, corpus, args.lines, args.validate,
+                                              server if name.endswith("CURVE") else []))
 
     med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
            for name, runs in results.items()}

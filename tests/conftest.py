@@ -26,11 +26,15 @@ def free_port() -> int:
 
 
 class Receiver:
-    """A PULL socket bound on 127.0.0.1 in a thread, keeping every frame it gets."""
+    """A PULL socket bound on 127.0.0.1 in a thread, keeping every frame it gets;
+    setup(sock), if given, runs before it binds (e.g. CURVE options); with
+    connect it connects to that endpoint instead of binding."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, setup=None, connect: str = ""):
         self.port = port
         self.endpoint = f"tcp://127.0.0.1:{port}"
+        self._setup = setup
+        self._connect = connect
         self.frames = []
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -42,7 +46,12 @@ class Receiver:
         sock = zmq.Context.instance().socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 1000)
-        sock.bind(self.endpoint)
+        if self._setup is not None:
+            self._setup(sock)
+        if self._connect:
+            sock.connect(self._connect)
+        else:
+            sock.bind(self.endpoint)
         self._ready.set()
         try:
             while not self._stop.is_set():

@@ -126,7 +126,7 @@ def pid_alive(pid: int) -> bool:
 IMCZMQ_CONFIG = """\
 global(workDirectory="{work}" processInternalMessages="on" maxMessageSize="{max_size}")
 module(load="imuxsock" SysSock.Use="off")
-module(load="imczmq")
+{imczmq_module}
 main_queue(queue.workerThreads="1" queue.size="{queue_size}")
 template(name="raw" type="string" string="%rawmsg%\\n")
 ruleset(name="r") {{
@@ -141,15 +141,21 @@ class ImczmqRsyslog(PrivateRsyslog):
     tcp://127.0.0.1:port and omfile writes each message it receives exactly as
     received (%rawmsg%) plus a newline to `output`, in the order received (one
     queue worker).  max_size is rsyslog's maxMessageSize; queue_size its main
-    queue's bound in messages, large so that a full queue never drops."""
+    queue's bound in messages, large so that a full queue never drops.
+    curve=(server certificate, clients directory) makes it a CURVE server that
+    admits only those clients, configured as README "Security" shows."""
 
     def __init__(self, workdir, port: int, output, max_size: str = "64k",
-                 queue_size: int = 1_000_000):
+                 queue_size: int = 1_000_000, *, curve=None):
         self._prepare(workdir, port, None)
         self.output = Path(output)
+        module = 'module(load="imczmq")'
+        if curve is not None:
+            module = (f'module(load="imczmq" authtype="CURVESERVER" servercertpath="{curve[0]}"'
+                      f' clientcertpath="{curve[1]}/" authenticator="on")')
         self.conf.write_text(IMCZMQ_CONFIG.format(
             work=self.workdir, port=port, output=self.output, max_size=max_size,
-            queue_size=queue_size))
+            queue_size=queue_size, imczmq_module=module))
 
     def received(self) -> list:
         """The messages written so far, as bytes, without a last unfinished one."""

@@ -317,6 +317,20 @@ def test_closed_stdout_or_stderr_never_aborts(receiver, fd, extra):
         assert receiver.wait_for(1000, 20) == 1000
 
 
+def test_a_directory_as_stdin_is_refused_before_anything_is_sent(receiver, tmp_path):
+    """CPython refuses to start with a directory as stdin, before the script's
+    first line (README "Exit codes"): zmqpush cannot catch it, but nothing is
+    sent and the exit code says it failed."""
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        proc = run(["-c", receiver.endpoint], stdin=directory, timeout=20)
+    finally:
+        os.close(directory)
+    assert proc.returncode == 1
+    assert b"<stdin> is a directory" in proc.stderr
+    assert receiver.settle(0.3) == 0
+
+
 def test_closed_stdin_reads_as_empty_input(receiver):
     proc = subprocess.run(cli("-c", receiver.endpoint), capture_output=True, timeout=30,
                           env=env_with(None), stdin=subprocess.DEVNULL,
@@ -419,6 +433,15 @@ def test_linger_0_ends_at_once_and_exits_3_since_delivery_was_not_awaited(receiv
     assert proc.returncode == 3
     lines = no_traceback(proc.stderr)
     assert "zmqpush: --linger 0: delivery was not waited for" in lines
+
+
+@pytest.mark.parametrize("option", ["--linger", "--confirm-timeout"])
+def test_minus_zero_seconds_is_zero(receiver, option):
+    proc = run(["-c", receiver.endpoint, option, "-0", "--linger", "-0", "--stats", "-0"],
+               b"one\n")
+    text = proc.stderr.decode()
+    assert proc.returncode == 3 and "-0" not in text, text
+    assert "zmqpush: --linger 0: delivery was not waited for" in text
 
 
 def test_linger_0_with_nothing_read_exits_0(receiver):

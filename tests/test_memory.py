@@ -84,10 +84,11 @@ def test_a_3_mb_line_cut_into_4_byte_pieces_stays_under_64_mib():
 
 
 @pytest.mark.parametrize("args", [
-    ["--max-line-bytes", str(MIB)], ["--queue-bytes", str(40 * MIB)],
+    ["--max-line-bytes", str(4 * MIB)], ["--queue-bytes", str(40 * MIB)],
     ["--replay-bytes", str(40 * MIB)], ["--batch", "--batch-bytes", str(4 * MIB)],
 ])
-def test_settings_whose_worst_case_exceeds_the_limit_are_refused(args):
+def test_settings_that_cannot_fit_the_limit_are_refused(args):
+    """Even with what the user did not set lowered as far as it goes."""
     proc = subprocess.run(cli(*args), input=b"x\n", capture_output=True, timeout=20,
                           env=env_with(None))
     assert proc.returncode == 2
@@ -97,3 +98,120 @@ def test_settings_whose_worst_case_exceeds_the_limit_are_refused(args):
                                 "-c", "tcp://127.0.0.1:9"), input=b"", capture_output=True,
                             timeout=20, env=env_with(None))
     assert raised.returncode == 0, raised.stderr
+
+
+MIB_LINES = {
+    "nul-1mib-lines": (b"\x00" * MIB + b"\n") * 16,
+    "nul-1mib-between-short-ones": ((b"\x00" * MIB + b"\n") + b"x\n" * 20_000) * 5,
+}
+
+
+@pytest.mark.parametrize("mode", [[], ["--batch"]], ids=["default", "batch"])
+@pytest.mark.parametrize("shape", list(MIB_LINES))
+def test_one_mib_lines_fit_the_default_memory_bound(shape, mode):
+    """--max-line-bytes 1 MiB, asked for alone, fits 64 MiB: the queue and the
+    window (not set) are lowered, and peak RSS stays under the bound."""
+    code, peak_kib, summary = ship(["--max-line-bytes", str(MIB), *mode], MIB_LINES[shape])
+    assert code == 0
+    words = summary.split()
+    assert words[0] == "received" and words[3] == "(0" and words[4] == "invalid)", summary
+    assert int(words[1]) == MIB_LINES[shape].count(b"\n"), summary
+    assert peak_kib < 64 * 1024, peak_kib
+
+
+@pytest.mark.parametrize(("args", "lowered"), [
+    (["--max-line-bytes", str(MIB)], "--queue-bytes 1048576 and --replay-bytes 7340032"),
+    (["--max-line-bytes", str(MIB), "--queue-bytes", str(4 * MIB)], "--replay-bytes 4194304"),
+    (["--max-line-bytes", str(128 << 10)], None),
+])
+def test_explicit_settings_fit_by_lowering_what_was_not_set_said_once(args, lowered):
+    proc = subprocess.run(cli(*args, "-c", "tcp://127.0.0.1:9", "--linger", "0.2"),
+                          input=b"", capture_output=True, timeout=20, env=env_with(None))
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.decode().splitlines() if "to fit" in line]
+    if lowered is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0].startswith("zmqpush: to fit --memory-bytes ")
+        assert f": {lowered}, lowered from the defaults" in notes[0], notes
+
+
+# A receiver like the stock input's socket (LINGER 1, RCVHWM 1000) that appends
+# each event's line number to a file: SIGKILL loses only what it held.
+NUMBER_RECEIVER = r"""
+import json, os, sys, zmq
+sock = zmq.Context().socket(zmq.PULL)
+sock.setsockopt(zmq.LINGER, 1)
+sock.bind(sys.argv[1])
+out = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+while True:
+    doc = json.loads(sock.recv())
+    events = doc if isinstance(doc, list) else [doc]
+    os.write(out, "".join(e["message"][:8] + "\n" for e in events).encode())
+"""
+FLAP_SECONDS = 6.0
+FLAP_INTERVAL = 0.3
+
+
+def write_numbered(proc, size: int, stop: threading.Event, written: list):
+    """Lines "NNNNNNNN xxx…" of size bytes, numbered from 0, until stop; then EOF.
+    written[0] counts the lines written whole."""
+    pad = b"x" * (size - 10)
+    try:
+        while not stop.is_set():
+            first = written[0]
+            proc.stdin.write(b"".join(b"%08d %s\n" % (n, pad) for n in range(first, first + 50)))
+            written[0] = first + 50
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+
+
+@pytest.mark.parametrize(("mode", "size"), [(["--batch"], 5000), ([], 900)],
+                         ids=["batch-5kB-lines", "default-900B-lines"])
+def test_a_receiver_killed_every_0_3_s_keeps_peak_rss_under_64_mib_and_loses_nothing(
+        tmp_path, mode, size):
+    """Replays of replays once piled up (80 MiB in batch mode): a replay is at
+    most the window, so memory keeps its bound, and lines keep flowing."""
+    endpoint, out = f"tcp://127.0.0.1:{free_port()}", tmp_path / "got.txt"
+
+    def receiver():
+        return subprocess.Popen([sys.executable, "-c", NUMBER_RECEIVER, endpoint, str(out)])
+
+    life = receiver()
+    proc = subprocess.Popen(cli("-q", "-c", endpoint, "--linger", "60", *mode),
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env_with(None))
+    stop, written = threading.Event(), [0]
+    writer = threading.Thread(target=write_numbered, args=(proc, size, stop, written),
+                              daemon=True)
+    writer.start()
+    peak, restarts = 0, 0
+    try:
+        began = time.monotonic()
+        while time.monotonic() - began < FLAP_SECONDS:
+            time.sleep(FLAP_INTERVAL)
+            life.kill()
+            life.wait(10)
+            life = receiver()
+            restarts += 1
+            peak = max(peak, peak_rss_kib(proc.pid))
+        stop.set()
+        writer.join(30)
+        deadline = time.monotonic() + 90
+        while proc.poll() is None and time.monotonic() < deadline:
+            peak = max(peak, peak_rss_kib(proc.pid))
+            time.sleep(0.05)
+        code = proc.wait(1)
+        err = proc.stderr.read().decode()
+    finally:
+        for p in (proc, life):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    got = {int(n) for n in out.read_text().split()}
+    print(f"\n{restarts} restarts, {written[0]} lines of {size} bytes, peak RSS "
+          f"{peak / 1024:.1f} MiB; {err.strip().splitlines()[-1]}")
+    assert code == 0, err
+    assert written[0] > 0 and restarts >= FLAP_SECONDS / FLAP_INTERVAL / 2
+    assert not set(range(written[0])) - got
+    assert peak < 64 * 1024, peak

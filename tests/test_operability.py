@@ -178,7 +178,9 @@ def test_stats_lines_parse_and_match_what_the_receiver_got(receiver):
         assert last["queued"] == 0 and last["dropped"] == 0 and last["connected"] == 1
         assert set(last) == {"read", "bytes", "sent", "queued", "dropped", "split",
                              "transport_bytes", "drain_waits", "connected", "disconnects",
-                             "replayed", "window_bytes", "rate"}
+                             "replayed", "window_bytes", "handshake_failures", "refused",
+                             "rate"}
+        assert last["handshake_failures"] == last["refused"] == 0
     finally:
         stop_process(proc)
 
@@ -284,7 +286,9 @@ def test_help_groups_the_options_by_concern():
               "fields:": ["--host-field", "--host-field-ecs", "--timestamp", "--field",
                           "--event-id"],
               "reporting:": ["--stats", "--stats-format", "--progress", "--quiet"],
-              "rsyslog omprog:": ["--confirm", "--confirm-timeout"]}
+              "rsyslog omprog:": ["--confirm", "--confirm-timeout"],
+              "security:": ["--curve-server-cert", "--curve-cert", "--curve-clients", "--allow",
+                            "--make-cert"]}
     starts = {heading: text.index("\n" + heading + "\n") for heading in groups}
     ends = [*sorted(starts.values()), text.index("\nexamples:")]
     for heading, options in groups.items():
