@@ -63,6 +63,8 @@ DEFAULT_CONFIRM_TIMEOUT = 2.0
 # 0 spills only the message ZeroMQ refused (see Sender).
 DEFAULT_WRITE_LIMITS = (64 << 10, 0)
 RECONNECT_IVL_MS = 100
+PEER_FRAME_MOST = 64 << 10
+HANDSHAKE_MS = 5000
 RECONNECT_IVL_MAX_MS = 1000
 # Replay (README "Outages"): the window must cover what a stock receiver and the
 # kernels may hold when it goes away: its RCVHWM (libzmq's default, 1000
@@ -701,18 +703,28 @@ def read_certificate(path: str, what: str) -> tuple:
         public, secret = zmq.auth.load_certificate(path)
     except OSError as exc:
         raise UsageError(f"{what} {path}: {exc.strerror or 'cannot be read'}") from None
-    except ValueError:
+    except (ValueError, IndexError):  # pyzmq's parser: no key, or a key line without "="
         raise UsageError(f"{what} {path}: not a ZPL certificate (no curve public-key)") \
             from None
-    if not CURVE_KEY_RE.match(public):
-        raise UsageError(f"{what} {path}: malformed public-key (expected 40 Z85 characters)")
-    if secret is not None:
-        if not CURVE_KEY_RE.match(secret):
-            raise UsageError(f"{what} {path}: malformed secret-key "
-                             "(expected 40 Z85 characters)")
-        if zmq.curve_public(secret) != public:
-            raise UsageError(f"{what} {path}: its secret-key does not belong to its public-key")
+    for name, key in (("public-key", public), ("secret-key", secret)):
+        if key is not None and not z85_key(key):
+            raise UsageError(f"{what} {path}: malformed {name} "
+                             "(expected 40 Z85 characters encoding 32 bytes)")
+    if secret is not None and zmq.curve_public(secret) != public:
+        raise UsageError(f"{what} {path}: its secret-key does not belong to its public-key")
     return public, secret
+
+
+def z85_key(key: bytes) -> bool:
+    """True if key is 40 Z85 characters that decode to 32 bytes (a group of
+    five characters can exceed 2**32, which the alphabet alone does not tell)."""
+    from zmq.utils import z85
+    if not CURVE_KEY_RE.match(key):
+        return False
+    try:
+        return len(z85.decode(key)) == 32
+    except (ValueError, struct.error, KeyError):
+        return False
 
 
 def read_key_pair(path: str) -> tuple:
@@ -775,6 +787,14 @@ def security_from(opt: dict, connect: list, bind: list) -> Security:
     """The Security of these options (see README "Security"); UsageError for a
     combination that cannot work or would admit anyone, or a bad file."""
     server_cert, cert, clients = opt["curve_server_cert"], opt["curve_cert"], opt["curve_clients"]
+    for name, value in (("--curve-server-cert", server_cert), ("--curve-cert", cert),
+                        ("--curve-clients", clients)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{name} is empty: give a file (an empty value must not "
+                             "turn encryption off)")
+    if opt["allow"] is not None and not opt["allow"]:
+        raise UsageError("--allow is empty: give at least one address or network (an "
+                         "empty value must not admit everyone)")
     allow = opt["allow"] or []
     if allow and (connect or not bind):
         raise UsageError("--allow admits peers that connect to us: it needs --bind "
@@ -1528,10 +1548,16 @@ def import_aiozmq():
 
 
 def configure_socket(sock, config: Config):
-    """Set the socket options that make outages safe (see README "Outages")."""
+    """Set the socket options that make outages safe (see README "Outages"),
+    bound what a peer can make us hold, and apply the security options."""
     import zmq
     sock.setsockopt(zmq.SNDHWM, config.sndhwm)
     sock.setsockopt(zmq.LINGER, -1)
+    # A PUSH socket receives only handshake commands, a few hundred bytes: a peer
+    # announcing a larger frame is dropped before it is buffered, and one that
+    # never finishes its handshake is dropped after HANDSHAKE_MS.
+    sock.setsockopt(zmq.MAXMSGSIZE, PEER_FRAME_MOST)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
     # Queue only for connected receivers when something can replace a queue that
     # dies with its connection: rsyslog (--confirm) or the replay window.
     sock.setsockopt(zmq.IMMEDIATE, 1 if config.confirm or config.replay_bytes else 0)

@@ -19,7 +19,7 @@ import zmq.auth
 from rsyslog import ImczmqRsyslog, imczmq_available
 from test_imczmq import LOGTYPE, expected_json, hostile_lines, wait_until
 
-from conftest import Receiver, free_port, run, start, stop_process
+from conftest import Receiver, free_port, run, start, stop_process, vm_peak_rss_kib
 
 SECRET_MARK = b"password=hunter2"
 
@@ -444,6 +444,9 @@ BAD_CERTS = {
     "short-key": lambda d: write(d / "short", 'curve\n    public-key = "abc"\n'),
     "binary": lambda d: (d / "bin").write_bytes(b"public-key = \xff\x00" * 4) and str(d / "bin"),
     "mismatched-pair": None,  # made below from two real pairs
+    # 40 Z85 characters that overflow a 32-bit group: no key, though the alphabet fits
+    "undecodable-key": lambda d: write(d / "z85", f'curve\n    public-key = "{"#" * 40}"\n'),
+    "key-line-without-equals": lambda d: write(d / "noeq", "curve\n    public-key\n"),
 }
 
 
@@ -487,6 +490,11 @@ def test_a_bad_certificate_is_one_usage_line_before_anything_is_read(certs, tmp_
      "not a ZPL certificate"),
     (["-c", "tcp://127.0.0.1:9", "--curve-server-cert", "P", "--curve-cert", "PUBLIC_ONLY"],
      "no secret-key in it, and no"),
+    # an empty value never turns security off
+    (["-c", "tcp://127.0.0.1:9", "--curve-server-cert", ""], "--curve-server-cert is empty"),
+    (["--bind", "tcp://127.0.0.1:9", "--curve-cert", "", "--curve-clients", ""],
+     "--curve-cert is empty"),
+    (["--bind", "tcp://127.0.0.1:9", "--allow", ""], "not an address or network"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_options_that_cannot_work_or_would_admit_anyone_are_refused(certs, tmp_path, args,
                                                                     message):
@@ -534,3 +542,39 @@ def test_security_options_from_the_environment(certs):
                             "ZMQPUSH_ALLOW": "127.0.0.1/32, not-a-network"})
     assert bad.returncode == 2 and b"not-a-network" in bad.stderr
 
+
+
+@pytest.mark.parametrize(("name", "value"), [("ZMQPUSH_CURVE_SERVER_CERT", ""),
+                                             ("ZMQPUSH_ALLOW", " , ")])
+def test_an_empty_environment_twin_never_turns_security_off(name, value):
+    args = ["-c", "tcp://127.0.0.1:9"] if "CURVE" in name else ["--bind", "tcp://127.0.0.1:9"]
+    proc = run(args, b"never read\n", timeout=20, env={name: value})
+    lines = proc.stderr.decode().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, lines)
+    assert "is empty" in lines[0], lines
+
+
+def test_a_peer_announcing_a_huge_handshake_frame_is_dropped_unbuffered(certs):
+    """A refused or keyless peer cannot make zmqpush hold what it sends: a PUSH
+    socket only receives handshake commands, and larger frames end the peer."""
+    port = free_port()
+    proc = start(["--bind", f"tcp://127.0.0.1:{port}", "--allow", "127.0.0.1/32", "-q"])
+    try:
+        time.sleep(1.0)
+        before = vm_peak_rss_kib(proc.pid)
+        peer = socket.create_connection(("127.0.0.1", port), timeout=5)
+        peer.sendall(b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00")
+                     + b"\x00" * 32)
+        peer.sendall(b"\x06" + (100 << 20).to_bytes(8, "big"))  # a 100 MiB command frame
+        sent = 0
+        try:
+            for _ in range(100):
+                peer.sendall(b"A" * (1 << 20))
+                sent += 1
+        except OSError:
+            pass  # dropped, as it should be
+        peer.close()
+        time.sleep(0.5)
+        assert vm_peak_rss_kib(proc.pid) - before < 16 << 10, (sent, before)
+    finally:
+        stop_process(proc)
