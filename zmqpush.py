@@ -1342,7 +1342,6 @@ class InputError(Exception):
     """Reading stdin failed; raised by StdinReader.run() once END is queued."""
 
 
-_HANG_UP = select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR
 # Under glibc's smallest threshold for serving an allocation with mmap (128 KiB).
 SLOW_READ_BYTES = 32 << 10
 
@@ -1358,14 +1357,12 @@ class StdinReader:
     read directly, always with policy "block" (nothing upstream waits on them,
     so dropping would only lose lines).
 
-    It yields to the loop after every read, so signals, timers and the sender
-    run even when reads never block.  A short read from a pipe or a socket
-    emptied it (the kernel returns all it holds, up to the size asked for),
-    and anything written later raises a new edge: the reader then waits for
-    that edge at once, which is its yield, instead of reading again to be told
-    EAGAIN.  Once epoll has reported the writer gone (no edge follows EOF) it
-    reads on until EOF.  `ended` is set at EOF or stop(), even while the last
-    puts still wait for room.
+    It reads until EAGAIN (a short read does not prove a pipe or socket empty:
+    packet-mode pipes, SEQPACKET and ancillary data stop reads short) and
+    gives the loop a turn between any two reads, so signals, timers and the
+    sender run even when reads never block: after a short read that followed
+    a wait, the wait that EAGAIN brings is that turn.  `ended` is set at EOF
+    or stop(), even while the last puts still wait for room.
     """
 
     def __init__(self, fd: int, queue: ByteQueue, *, encoder: Encoder, framer: LineFramer,
@@ -1381,15 +1378,10 @@ class StdinReader:
         self.ended = asyncio.Event()
         self._read_at = time.time()
         self._waiter: asyncio.Future | None = None
-        self._edge_seen = False  # epoll reported input since the last read began
-        self._hung_up = False  # epoll reported the writer gone: no edge comes after EOF
         self._loop = asyncio.get_running_loop()
         self._flags = None
         self._epoll = self._watch()
         self._drop = drop_when_full and self._epoll is not None
-        mode = os.fstat(fd).st_mode
-        self._short_read_empties = self._epoll is not None and (
-            stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))
 
     def _watch(self):
         """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
@@ -1405,9 +1397,7 @@ class StdinReader:
         return epoll
 
     def _on_epoll(self):
-        for _, mask in self._epoll.poll(0):
-            self._hung_up = self._hung_up or bool(mask & _HANG_UP)
-        self._edge_seen = True
+        self._epoll.poll(0)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -1435,14 +1425,12 @@ class StdinReader:
         """Read until EOF, stop() or a read error; then hand over the unfinished
         line and END.  A read error is raised after that, as InputError: what
         was read before it is still delivered."""
-        failure, empty = None, False
+        failure, turned = None, True
         while not self._stopping:
-            if empty:
-                await self._edge()
-            else:
+            if not turned:
                 await asyncio.sleep(0)
             try:
-                data = await self._read()
+                data, waited = await self._read()
             except OSError as exc:
                 failure = exc
                 break
@@ -1450,42 +1438,39 @@ class StdinReader:
                 break
             self._read_at = time.time()
             await self._hand_over(self._framer.feed(data), len(data))
-            empty = (self._short_read_empties and not self._hung_up
-                     and len(data) < self._asking)
-            self._asking = self._read_bytes if len(data) == self._asking else SLOW_READ_BYTES
+            # A short read that followed a wait is most likely followed by
+            # EAGAIN, whose wait is the loop's turn; any other read gets one.
+            short = len(data) < self._asking
+            turned = short and waited
+            self._asking = min(self._read_bytes, SLOW_READ_BYTES) if short else self._read_bytes
         self.ended.set()
         await self._hand_over(self._framer.finish(), 0)
         await self._queue.put(END)
         if failure is not None:
             raise InputError(failure.strerror or str(failure)) from failure
 
-    async def _edge(self):
-        """Wait until epoll has reported input since the last read began (or
-        stop()); an edge seen while the reader was busy ends the wait at once."""
-        if not self._edge_seen and not self._stopping:
-            self._waiter = self._loop.create_future()
-            await self._waiter
-            self._waiter = None
+    async def _read(self) -> tuple:
+        """(the next bytes of stdin, whether it waited for them): waits on epoll
+        when none are ready.  The bytes are b"" at EOF or when stopped.
 
-    async def _read(self) -> bytes:
-        """The next bytes of stdin; waits on epoll when none are ready.
-        Returns b"" at EOF or when stopped.
-
-        After a read that did not fill what it asked for, the next asks for
-        SLOW_READ_BYTES only (until one fills that): malloc serves a buffer
-        that small from its heap, while one of the full read size is mapped,
-        shrunk and unmapped again for every line that trickles in."""
+        After a read that did not fill what it asked for, the next asks for at
+        most SLOW_READ_BYTES (until one fills that): malloc serves a buffer that
+        small from its heap, while one of the full read size is mapped, shrunk
+        and unmapped again for every line that trickles in."""
+        waited = False
         while not self._stopping:
-            self._edge_seen = False
             try:
-                return os.read(self._fd, self._asking)
+                return os.read(self._fd, self._asking), waited
             except BlockingIOError:
-                await self._edge()
+                self._waiter = self._loop.create_future()
+                await self._waiter
+                self._waiter = None
+                waited = True
             except OSError as exc:
                 if exc.errno == errno.EIO:
-                    return b""
+                    return b"", waited
                 raise
-        return b""
+        return b"", waited
 
     async def _hand_over(self, segments: list, nread: int):
         """Encode segments and queue them as Parcels of about ENCODE_LINES
@@ -2253,6 +2238,7 @@ class Confirmer:
         self._timeout = timeout
         self._stop_reading = stop_reading
         self._fd = stdout_fd
+        self._broken = False  # a reply could not be written
         self._blocking = os.get_blocking(stdout_fd) if stdout_fd is not None else None
         if stdout_fd is not None:
             os.set_blocking(stdout_fd, False)
@@ -2330,10 +2316,11 @@ class Confirmer:
             self._stop_reading()
 
     async def _say(self, text: str) -> bool:
-        """Write one line; waits while stdout is full.  False, with one line on
-        stderr, if it cannot be written (rsyslog has gone, stdout is /dev/full)."""
+        """Write one line; waits while stdout is full.  False if it cannot be
+        written (rsyslog has gone, stdout is /dev/full): said once on stderr,
+        and no reply is tried after that."""
         data = memoryview((text + "\n").encode())
-        while data:
+        while data and not self._broken:
             try:
                 data = data[os.write(self._fd, data):]
             except BlockingIOError:
@@ -2341,8 +2328,8 @@ class Confirmer:
             except OSError as exc:
                 warn(f"cannot write --confirm replies on stdout: {exc.strerror}; "
                      "reading stops")
-                return False
-        return True
+                self._broken = True
+        return not self._broken
 
     async def _writable(self):
         loop = asyncio.get_running_loop()
