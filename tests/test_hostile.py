@@ -546,3 +546,28 @@ def write_quietly(proc, data: bytes):
         proc.stdin.close()
     except (BrokenPipeError, ValueError):
         pass
+
+
+@pytest.mark.parametrize("kind", ["packet-pipe", "seqpacket"])
+def test_input_whose_reads_stop_short_with_data_left_is_shipped_while_the_writer_waits(
+        receiver, kind):
+    """A short read does not prove stdin empty: a packet-mode pipe (O_DIRECT on the
+    writer's end) or a SEQPACKET socket returns one write per read.  Every line must
+    go out while the writer is still open and quiet, not when it closes."""
+    if kind == "packet-pipe":
+        read_end, write_end = os.pipe2(os.O_DIRECT)
+        send = lambda data: os.write(write_end, data)  # noqa: E731
+        close = lambda: os.close(write_end)  # noqa: E731
+    else:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        read_end, send, close = theirs.detach(), ours.send, ours.close
+    proc = start(["-c", receiver.endpoint], stdin=read_end)
+    os.close(read_end)
+    try:
+        for i in range(3):
+            send(b"".join(b"line %d.%03d\n" % (i, n) for n in range(100)))
+        assert receiver.wait_for(300, timeout=10) == 300
+        close()
+        assert proc.wait(30) == 0
+    finally:
+        stop_process(proc)
