@@ -49,9 +49,10 @@ class Outage:
     """One shipment with receiver restarts; run() returns its figures."""
 
     def __init__(self, args_: list, *, lines: int, restarts: int, rate: float, kill: bool,
-                 tmp: str, bind: bool = False):
+                 tmp: str, bind: bool = False, rcvbuf: int = 0):
         self.args, self.lines, self.restarts, self.rate, self.kill = (
             args_, lines, restarts, rate, kill)
+        self.rcvbuf = rcvbuf  # the receiver's SO_RCVBUF (bench/stock_input.py --rcvbuf)
         self.out = os.path.join(tmp, f"received-{time.monotonic_ns()}.txt")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.bind = bind
@@ -61,8 +62,9 @@ class Outage:
     def receiver(self) -> subprocess.Popen:
         where = ["--connect" if self.bind else "--bind", self.endpoint]
         ids = ["--ids"] if self.ids else []
+        rcvbuf = ["--rcvbuf", str(self.rcvbuf)] if self.rcvbuf else []
         return subprocess.Popen([sys.executable, RECEIVER, *where, "--rate", str(self.rate),
-                                 "--out", self.out, *ids], stdout=subprocess.DEVNULL)
+                                 "--out", self.out, *ids, *rcvbuf], stdout=subprocess.DEVNULL)
 
     def received_count(self) -> int:
         try:

@@ -30,6 +30,12 @@ def event_lines(frame: bytes, ids: bool) -> list:
     return [e["message"] for e in events]
 
 
+# Debian's net.ipv4.tcp_rmem maximum is 6 MiB, the receive buffer zmqpush's replay
+# window is sized to cover; SO_RCVBUF is doubled by the kernel.  A machine tuned
+# higher (this project's CI machines: 32 MiB) would let a receiver hold more.
+DEFAULT_LINUX_RCVBUF = 3 << 20
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", help="endpoint to bind (the plugin's mode => server)")
@@ -37,11 +43,18 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=60_000, help="events per second at most")
     p.add_argument("--out", required=True, help="file to append one line per event to")
     p.add_argument("--ids", action="store_true", help="write [id, message] per event")
+    p.add_argument("--rcvbuf", type=int, default=0,
+                   help="the TCP receive buffer (SO_RCVBUF, which Linux doubles; default "
+                   f"0: the kernel's autotuning); {DEFAULT_LINUX_RCVBUF} holds what a "
+                   "default Linux receiver's buffer grows to (tcp_rmem maximum 6 MiB), "
+                   "whatever this machine's maximum")
     args = p.parse_args()
 
     sock = zmq.Context.instance().socket(zmq.PULL)
     sock.setsockopt(zmq.LINGER, 1)
     sock.setsockopt(zmq.RCVTIMEO, 1000)
+    if args.rcvbuf:
+        sock.setsockopt(zmq.RCVBUF, args.rcvbuf)
     if args.connect:
         sock.connect(args.connect)
     else:
