@@ -167,6 +167,22 @@ def write_numbered(proc, size: int, stop: threading.Event, written: list):
         pass
 
 
+def wait_until_written(out, lines: int, *, quiet: float = 1.5, timeout: float = 30.0):
+    """Wait until the receiver wrote `lines` distinct lines to out, or nothing for
+    `quiet` seconds: zmqpush may exit while the receiver's kernel buffer still
+    holds what it has yet to read (killing it then would lose that tail)."""
+    deadline, last, since = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        size = out.stat().st_size if out.exists() else 0
+        if size != last:
+            last, since = size, time.monotonic()
+        elif time.monotonic() - since > quiet:
+            return
+        if out.exists() and len(set(out.read_bytes().split())) >= lines:
+            return
+        time.sleep(0.1)
+
+
 @pytest.mark.parametrize(("mode", "size"), [(["--batch"], 5000), ([], 900)],
                          ids=["batch-5kB-lines", "default-900B-lines"])
 def test_a_receiver_killed_every_0_3_s_keeps_peak_rss_under_64_mib_and_loses_nothing(
@@ -203,6 +219,7 @@ def test_a_receiver_killed_every_0_3_s_keeps_peak_rss_under_64_mib_and_loses_not
             time.sleep(0.05)
         code = proc.wait(1)
         err = proc.stderr.read().decode()
+        wait_until_written(out, written[0])
     finally:
         for p in (proc, life):
             if p.poll() is None:
