@@ -25,6 +25,7 @@ if __name__ == "__main__":
 
 import argparse
 import asyncio
+import bisect
 import collections
 import errno
 import fcntl
@@ -87,6 +88,14 @@ PIPE_BYTES = 4 << 20
 DEFAULT_MEMORY_BYTES = 64 << 20
 MEMORY_BASE = 30 << 20
 MEMORY_PER_LINE_BYTE = 16  # escaping (up to 6x), encoding copies, ZeroMQ's queue
+# Disk spool (README "Outages"): its default cap and flush interval (measured
+# with bench/spool.py), and its replay window, which is on disk and so may cover
+# a receiver host's tcp_rmem maximum raised to 32 MiB (at most a quarter of the cap).
+DEFAULT_SPOOL_BYTES = 1 << 30
+MIN_SPOOL_BYTES = 1 << 20
+MAX_SPOOL_BYTES = 1 << 50
+DEFAULT_SPOOL_SYNC = 1.0
+SPOOL_REPLAY_BYTES = 64 << 20
 # What fit_memory lowers an unset --queue-bytes or --replay-bytes to, at most.
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
@@ -178,6 +187,9 @@ class Config(NamedTuple):
     event_ids: bool
     array_bytes: int
     security: Security | None = None  # CURVE keys and allowlists (README "Security")
+    spool: str | None = None  # the spool directory (README "Outages")
+    spool_bytes: int = DEFAULT_SPOOL_BYTES
+    spool_sync: float = DEFAULT_SPOOL_SYNC  # 0: every write, inf: never
 
 
 class _Parser(argparse.ArgumentParser):
@@ -274,6 +286,7 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
     _reporting_options(p.add_argument_group("reporting"))
     _rsyslog_options(p.add_argument_group("rsyslog omprog"))
     _security_options(p.add_argument_group("security"))
+    _spool_options(p.add_argument_group("disk spool"))
     return p
 
 
@@ -387,6 +400,34 @@ def _security_options(g):
     g.add_argument("--make-cert", action=_MakeCertAction, metavar="PATH",
                    help="write a new key pair to PATH.key (public) and PATH.key_secret "
                    "(mode 600), print the public key, and exit (no environment twin)")
+
+
+def _spool_sync(text: str) -> float:
+    """--spool-sync: "write" (0.0), "never" (inf) or seconds between flushes."""
+    if text in ("write", "never"):
+        return 0.0 if text == "write" else float("inf")
+    return _sync_seconds(text)
+
+
+_sync_seconds = _seconds(0.001, MAX_SECONDS)
+_spool_sync.__name__ = '"write", "never" or ' + _sync_seconds.__name__
+
+
+def _spool_options(g):
+    g.add_argument("--spool", metavar="DIR",
+                   help="keep every line read in a disk spool in DIR (created if "
+                   "missing) until it is sent: input never waits for a receiver "
+                   "while the spool has room, and a new run on DIR sends what a "
+                   "crashed or stopped one left, first (README \"Outages\")")
+    g.add_argument("--spool-bytes", type=_integer(MIN_SPOOL_BYTES, MAX_SPOOL_BYTES),
+                   metavar="N",
+                   help="most disk the spool uses; when it is full, --when-full "
+                   f"applies (default {DEFAULT_SPOOL_BYTES}, at least {MIN_SPOOL_BYTES})")
+    g.add_argument("--spool-sync", type=_spool_sync, metavar="WHEN",
+                   help='flush the spool to the disk after every "write", every '
+                   'SECONDS, or "never" (the OS decides); every choice survives a '
+                   "crash of zmqpush, power loss loses at most what was not flushed "
+                   f"(default {DEFAULT_SPOOL_SYNC:g})")
 
 
 def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
@@ -507,16 +548,18 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                          "(every line read needs a reply)")
     high, low = opt["write_buffer_limits"] or DEFAULT_WRITE_LIMITS
     batch_bytes = opt["batch_bytes"] or DEFAULT_READ_BYTES
-    replay_bytes = (DEFAULT_REPLAY_BYTES if opt["replay_bytes"] is None
-                    else opt["replay_bytes"])
+    spool_bytes = opt["spool_bytes"] or DEFAULT_SPOOL_BYTES
+    replay_bytes = replay_default(opt, spool_bytes)
     zmq_bytes = REPLAY_BATCH_ZMQ_BYTES if replay_bytes else BATCH_ZMQ_BYTES
     queue_bytes = opt["queue_bytes"] or DEFAULT_QUEUE_BYTES
     max_line_bytes = opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES
-    queue_bytes, replay_bytes = fit_memory(
-        opt, queue_bytes, replay_bytes,
+    queue_bytes, held_replay = fit_memory(
+        opt, queue_bytes, 0 if opt["spool"] else replay_bytes,
         zmq_bytes=max(PIPE_BYTES, zmq_bytes) if opt["batch"] else PIPE_BYTES,
         max_line_bytes=max_line_bytes,
         read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES)
+    if not opt["spool"]:
+        replay_bytes = held_replay
     array_bytes = min(batch_bytes, replayable_array_bytes(replay_bytes))
     default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
                       else DEFAULT_SNDHWM)
@@ -546,7 +589,21 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         event_ids=bool(opt["event_id"]),
         array_bytes=array_bytes,
         security=security_from(opt, connect, bind),
+        spool=opt["spool"] or None,
+        spool_bytes=spool_bytes,
+        spool_sync=DEFAULT_SPOOL_SYNC if opt["spool_sync"] is None else opt["spool_sync"],
     )
+
+
+def replay_default(opt: dict, spool_bytes: int) -> int:
+    """--replay-bytes as given, else its default: in memory DEFAULT_REPLAY_BYTES;
+    with a spool, where the window is on disk, SPOOL_REPLAY_BYTES (at most a
+    quarter of the spool, so that the window alone never fills it)."""
+    if opt["replay_bytes"] is not None:
+        return opt["replay_bytes"]
+    if opt["spool"]:
+        return min(SPOOL_REPLAY_BYTES, spool_bytes // 4)
+    return DEFAULT_REPLAY_BYTES
 
 
 def memory_need(held: int, max_line_bytes: int, read_bytes: int) -> int:
@@ -1071,6 +1128,8 @@ class Counters:
         self.events_replayed = 0
         self.handshake_failures = 0
         self.refused = 0
+        self.events_found = 0  # read from what a previous run left in the spool
+        self.spool_corrupt = 0
 
     def not_handed(self) -> int:
         """Events read and not dropped that ZeroMQ has not accepted (yet)."""
@@ -1229,13 +1288,16 @@ class Parcel(NamedTuple):
 
     nbytes is what the Parcel costs in memory: its messages' lengths plus
     MESSAGE_OVERHEAD each, so that many tiny messages count for what they hold.
-    A replayed Parcel is one sent again after a receiver went away."""
+    A replayed Parcel is one sent again after a receiver went away.  With a
+    spool, start and end are where its record lies there (see Spool)."""
 
     messages: list
     events: list  # events carried by each message (1, or lines in a batch array)
     ends_line: list  # False for a piece that the next message continues
     nbytes: int
     replayed: bool = False
+    start: int = 0
+    end: int = 0
 
 
 # Bytes a queued message costs beyond its length: the bytes object's header,
@@ -1297,6 +1359,7 @@ class ByteQueue(asyncio.Queue):
     def _init(self, maxsize):
         super()._init(maxsize)
         self.nbytes = 0
+        self.rewinds = 0  # see SpoolQueue
 
     def put_nowait(self, item):
         """Put item (the bound is put()'s to wait for: this never refuses).
@@ -1342,6 +1405,63 @@ class InputError(Exception):
     """Reading stdin failed; raised by StdinReader.run() once END is queued."""
 
 
+class Replies:
+    """--confirm's answers to rsyslog on stdout, one line per line read: "OK",
+    or a refusal that makes rsyslog send the line again.  Without a spool the
+    Confirmer answers once ZeroMQ took a line, with one the reader once the
+    spool holds it.
+
+    Owns stdout: replies are written without ever blocking the loop (while
+    nobody reads them, the loop waits and signals still work); the
+    descriptor's O_NONBLOCK flag is restored by close().  stop_reading() is
+    called when replies cannot be written (rsyslog has gone)."""
+
+    def __init__(self, stop_reading, stdout_fd: int | None = 1):
+        self._stop_reading = stop_reading
+        self._fd = stdout_fd
+        self._broken = False  # a reply could not be written
+        self._blocking = os.get_blocking(stdout_fd) if stdout_fd is not None else None
+        if stdout_fd is not None:
+            os.set_blocking(stdout_fd, False)
+
+    def close(self):
+        if self._fd is not None:
+            os.set_blocking(self._fd, self._blocking)
+            self._fd = None
+
+    async def reply(self, accepted: bool, lines: int = 1):
+        """Answer `lines` lines alike; stop reading if that cannot be done (no
+        stdout, or rsyslog has gone)."""
+        text = "OK\n" if accepted else "zmqpush: not accepted by ZeroMQ in time\n"
+        if self._fd is None or not await self._say(text * lines):
+            self._stop_reading()
+
+    async def _say(self, text: str) -> bool:
+        """Write text; waits while stdout is full.  False if it cannot be
+        written (rsyslog has gone, stdout is /dev/full): said once on stderr,
+        and no reply is tried after that."""
+        data = memoryview(text.encode())
+        while data and not self._broken:
+            try:
+                data = data[os.write(self._fd, data):]
+            except BlockingIOError:
+                await self._writable()
+            except OSError as exc:
+                warn(f"cannot write --confirm replies on stdout: {exc.strerror}; "
+                     "reading stops")
+                self._broken = True
+        return not self._broken
+
+    async def _writable(self):
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        loop.add_writer(self._fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            loop.remove_writer(self._fd)
+
+
 # Under glibc's smallest threshold for serving an allocation with mmap (128 KiB).
 SLOW_READ_BYTES = 32 << 10
 
@@ -1366,9 +1486,13 @@ class StdinReader:
     """
 
     def __init__(self, fd: int, queue: ByteQueue, *, encoder: Encoder, framer: LineFramer,
-                 counters: Counters, read_bytes: int, drop_when_full: bool):
+                 counters: Counters, read_bytes: int, drop_when_full: bool,
+                 replies: Replies | None = None):
         self._fd = fd
         self._queue = queue
+        self._replies = replies  # --confirm with a spool: answered once spooled
+        if isinstance(queue, SpoolQueue):
+            self._queue_parcel = self._spool_parcel
         self._encoder = encoder
         self._framer = framer
         self._counters = counters
@@ -1426,6 +1550,8 @@ class StdinReader:
         line and END.  A read error is raised after that, as InputError: what
         was read before it is still delivered."""
         failure, turned = None, True
+        if self._replies is not None:
+            await self._replies.reply(True)
         while not self._stopping:
             if not turned:
                 await asyncio.sleep(0)
@@ -1512,6 +1638,538 @@ class StdinReader:
             self._counters.events_dropped += nevents
         else:
             await queue.put(parcel)
+
+    async def _spool_parcel(self, parcel: Parcel, nevents: int):
+        """_queue_parcel with a spool: the spool takes the Parcel or, when it is
+        full, the drop policy decides; with --confirm its lines are answered
+        once it is spooled."""
+        self._counters.events_read += nevents
+        queue = self._queue
+        if not queue.spool_nowait(parcel):
+            if self._drop:
+                self._counters.events_dropped += nevents
+                return
+            await queue.put(parcel)
+        if self._replies is not None:
+            await self._replies.reply(True, parcel.ends_line.count(True))
+
+
+# --------------------------------------------------------------- spooling --
+# Owns the disk spool (--spool): the directory's lock, records in segment
+# files, the position file, the cap and flushing; and the queue and replay
+# window that keep their place in it.
+
+SPOOL_MAGIC = b"\xffZPr"  # 0xFF never occurs in the UTF-8 JSON of a message
+# A record's header: magic, payload length, CRC-32 of the time and the payload,
+# the time it was written.  Its payload: n, n message lengths and n event
+# counts (u32 each), n line-end flags (a byte each), then the messages.
+SPOOL_HEADER = struct.Struct("<4sIId")
+SPOOL_COUNT = struct.Struct("<I")
+SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
+MAX_SEGMENT_BYTES = 16 << 20
+# After a write error the spool is full until it is tried again this much later.
+SPOOL_RETRY = 1.0
+# The position file is rewritten at most this often (a stale one only means
+# that a new run sends again a little of what was done).
+POSITION_DELAY = 1.0
+SCAN_BYTES = 64 << 10  # a damaged stretch is searched for the next record in these
+
+
+class SpoolError(Exception):
+    """The spool directory cannot be used at start: one line, exit 2."""
+
+
+def _little_endian(numbers) -> bytes:
+    """numbers as u32 in the spool's byte order (little-endian)."""
+    import array
+    values = array.array("I", numbers)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values.tobytes()
+
+
+def encode_record(parcel: Parcel, when: float) -> list:
+    """parcel's record (header first) as buffers for one os.writev."""
+    import zlib
+    head = SPOOL_COUNT.pack(len(parcel.messages))
+    sizes = _little_endian(map(len, parcel.messages))
+    counts = _little_endian(parcel.events)
+    ends = bytes(parcel.ends_line)
+    body = b"".join(parcel.messages)
+    stamp = struct.pack("<d", when)
+    crc = zlib.crc32(stamp)
+    for part in (head, sizes, counts, ends, body):
+        crc = zlib.crc32(part, crc)
+    length = len(head) + 9 * len(parcel.messages) + len(body)
+    return [SPOOL_HEADER.pack(SPOOL_MAGIC, length, crc, when), head, sizes, counts, ends,
+            body]
+
+
+def decode_payload(payload: bytes) -> tuple | None:
+    """(messages, events, ends_line) of a record's payload whose checksum
+    holds, or None if its parts do not add up."""
+    import array
+    count = SPOOL_COUNT.unpack_from(payload)[0] if len(payload) >= 4 else -1
+    first = 4 + 9 * count
+    if count < 0 or first > len(payload):
+        return None
+    sizes, counts = array.array("I"), array.array("I")
+    sizes.frombytes(payload[4:4 + 4 * count])
+    counts.frombytes(payload[4 + 4 * count:4 + 8 * count])
+    if sys.byteorder == "big":
+        sizes.byteswap()
+        counts.byteswap()
+    if sum(sizes) != len(payload) - first:
+        return None
+    starts = itertools.accumulate(sizes, initial=first)
+    messages = [payload[at:at + size] for at, size in zip(starts, sizes)]
+    return messages, counts.tolist(), list(payload[4 + 8 * count:first])
+
+
+class Spool:
+    """The spool directory: records in append-only segment files, a position
+    file and a lock file.  Owns every file in it.
+
+    Positions are byte offsets in one endless log; a segment file is named by
+    the offset of its first byte.  `end` is where the next record goes.
+    Records before `safe` are done (delivered, or past the replay window): the
+    position file holds it, lagging at most POSITION_DELAY, and a new run
+    starts there; segments wholly before it are deleted, `nbytes` is what the
+    others take.  A run writes its own segments (a torn record a crash left
+    at the end of the last one is never appended to).
+
+    append() writes a record with one writev and flushes per `sync`: 0 after
+    every write, inf never (the OS decides), else at most `sync` seconds after
+    a write (one timer, armed by the first write after a flush).  The cap, a
+    full disk or any write error make the spool full: append() refuses (what
+    a failed write left is cut off), the error is said once, and SPOOL_RETRY
+    later writing is tried again.  read() skips what is torn or damaged (its
+    checksum fails) to the next good record, counting each such stretch in
+    counters.spool_corrupt: nothing damaged is ever sent."""
+
+    def __init__(self, directory: str, cap: int, sync: float, counters):
+        self.directory = directory
+        self.cap = cap
+        self._sync = sync
+        self._counters = counters
+        self._segment_bytes = max(64 << 10, min(MAX_SEGMENT_BYTES, cap // 8))
+        self._loop = asyncio.get_running_loop()
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._position_timer: asyncio.TimerHandle | None = None
+        self._room_waiters: list = []
+        self._error_until = 0.0
+        self._errors_said: set = set()
+        self._write_fd: int | None = None
+        self._read_fd: int | None = None
+        self._read_start = -1
+        try:
+            os.makedirs(directory, 0o700, exist_ok=True)
+            self._lock_fd = self._lock()
+            self._position_fd = os.open(self._path("position"), os.O_RDWR | os.O_CREAT, 0o600)
+            self._starts, self._sizes = self._segments()
+        except OSError as exc:
+            raise SpoolError(f"cannot use --spool {directory}: "
+                             f"{exc.strerror or exc}") from None
+        last = self._starts[-1] + self._sizes[self._starts[-1]] if self._starts else 0
+        self.safe = self._read_position()
+        self.end = max(self.safe, last)
+        self.found = self.end  # what a previous run left lies before this
+        self._delete_done()
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def _lock(self) -> int:
+        """The lock file's descriptor, flock()ed; SpoolError if another run holds it."""
+        fd = os.open(self._path("lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise SpoolError(f"--spool {self.directory} is in use by another zmqpush"
+                             + (f" (pid {holder})" if holder.isdigit() else "")) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+        return fd
+
+    def _segments(self) -> tuple:
+        """(sorted segment starts, {start: size}) of the segment files in the directory."""
+        sizes = {}
+        for name in os.listdir(self.directory):
+            match = SEGMENT_NAME.match(name)
+            if match:
+                sizes[int(match.group(1))] = os.stat(self._path(name)).st_size
+        return sorted(sizes), sizes
+
+    def _segment_path(self, start: int) -> str:
+        return self._path(f"{start:020d}.seg")
+
+    def _read_position(self) -> int:
+        """The position file's offset; 0 (everything) if it is missing or damaged."""
+        text = os.pread(self._position_fd, 64, 0)
+        return int(text) if re.fullmatch(rb"\d{1,20}\n", text) else 0
+
+    # -- writing
+
+    def full(self) -> bool:
+        """True while append() would refuse: at the cap, or after a write error."""
+        return self.nbytes >= self.cap or time.monotonic() < self._error_until
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._sizes.values())
+
+    @property
+    def segments(self) -> int:
+        return len(self._starts)
+
+    def append(self, parcel: Parcel) -> Parcel | None:
+        """Write parcel's record; parcel with its place (start, end), or None
+        when the spool is full (the cap, or a write error: said once)."""
+        if time.monotonic() < self._error_until:
+            return None
+        record = encode_record(parcel, time.time())
+        size = sum(map(len, record))
+        held = self.nbytes
+        if held and held + size > self.cap:
+            return None
+        try:
+            if self._write_fd is None or self._sizes[self._starts[-1]] >= self._segment_bytes:
+                self._open_segment()
+            written = os.writev(self._write_fd, record)
+            if written < size:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            if self._sync == 0:
+                os.fdatasync(self._write_fd)
+        except OSError as exc:
+            self._failed(exc)
+            return None
+        start = self.end
+        self.end += size
+        self._sizes[self._starts[-1]] += size
+        if 0 < self._sync < float("inf") and self._flush_timer is None:
+            self._flush_timer = self._loop.call_later(self._sync, self._flush)
+        return parcel._replace(start=start, end=self.end)
+
+    def _open_segment(self):
+        """Flush and close the segment being written, if any; start one at end."""
+        self._close_segment()
+        fd = os.open(self._segment_path(self.end), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o600)
+        self._write_fd = fd
+        if not self._starts or self._starts[-1] != self.end:
+            self._starts.append(self.end)
+            self._sizes[self.end] = 0
+        if self._sync == 0:
+            self._sync_directory()
+
+    def _close_segment(self):
+        if self._write_fd is not None:
+            fd, self._write_fd = self._write_fd, None
+            try:
+                if self._sync < float("inf"):
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+
+    def _sync_directory(self):
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _flush(self):
+        self._flush_timer = None
+        if self._write_fd is not None:
+            try:
+                os.fdatasync(self._write_fd)
+            except OSError as exc:
+                self._failed(exc)
+
+    def _failed(self, exc: OSError):
+        """A write failed: cut off what it left, be full for SPOOL_RETRY, say it once."""
+        if self._write_fd is not None and self._starts:
+            try:
+                os.ftruncate(self._write_fd, self._sizes[self._starts[-1]])
+            except OSError:
+                self._close_segment_quietly()
+        self._error_until = time.monotonic() + SPOOL_RETRY
+        if exc.errno not in self._errors_said:
+            self._errors_said.add(exc.errno)
+            warn(f"spool {self.directory}: cannot write ({exc.strerror or exc}): "
+                 f"treated as full, tried again every {SPOOL_RETRY:g} s")
+
+    def _close_segment_quietly(self):
+        try:
+            os.close(self._write_fd)
+        except OSError:
+            pass
+        self._write_fd = None
+
+    async def room(self):
+        """Wait until append() may succeed again: segments were deleted, or
+        SPOOL_RETRY passed after a write error."""
+        waiter = self._loop.create_future()
+        self._room_waiters.append(waiter)
+        retry = None
+        left = self._error_until - time.monotonic()
+        if left > 0:
+            retry = self._loop.call_later(left, self._wake_room)
+        try:
+            await waiter
+        finally:
+            if retry is not None:
+                retry.cancel()
+
+    def _wake_room(self):
+        waiters, self._room_waiters = self._room_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- done records
+
+    def release(self, upto: int):
+        """Records before upto are done: move `safe` there, delete the
+        segments wholly before it, and write the position file soon."""
+        if upto <= self.safe:
+            return
+        self.safe = upto
+        if self._delete_done():
+            self._wake_room()
+        if self._position_timer is None:
+            self._position_timer = self._loop.call_later(POSITION_DELAY, self._write_position)
+
+    def _delete_done(self) -> bool:
+        """Delete the segments wholly before `safe`; True if any was."""
+        deleted = False
+        while self._starts and self._starts[0] + self._sizes[self._starts[0]] <= self.safe:
+            start = self._starts.pop(0)
+            del self._sizes[start]
+            if not self._starts and self._write_fd is not None:
+                self._close_segment_quietly()
+            if start == self._read_start:
+                os.close(self._read_fd)
+                self._read_fd, self._read_start = None, -1
+            try:
+                os.unlink(self._segment_path(start))
+            except FileNotFoundError:
+                pass
+            deleted = True
+        return deleted
+
+    def _write_position(self):
+        self._position_timer = None
+        try:
+            os.pwrite(self._position_fd, b"%020d\n" % self.safe, 0)
+        except OSError:
+            pass  # a stale position only sends again what was done
+
+    # -- reading
+
+    def read(self, position: int) -> tuple:
+        """(the record at position as a Parcel, where the next one starts).
+        The Parcel is None where no good record starts at position (a gap,
+        or a torn or damaged stretch, counted): the next position is then the
+        next good record, or the end of that segment."""
+        index = bisect.bisect_right(self._starts, position) - 1
+        if index < 0 or position >= self._starts[index] + self._sizes[self._starts[index]]:
+            later = self._starts[index + 1:]
+            return None, later[0] if later else self.end
+        start = self._starts[index]
+        limit = start + self._sizes[start]
+        parcel = self._record_at(start, position, limit)
+        if parcel is not None:
+            return parcel, parcel.end
+        self._counters.spool_corrupt += 1
+        if self._counters.spool_corrupt == 1:
+            warn(f"spool {self.directory}: skipping a damaged or torn record "
+                 f"(segment {start:020d}, offset {position - start}); "
+                 "further ones are only counted")
+        return None, self._next_good(start, position + 1, limit)
+
+    def _record_at(self, start: int, position: int, limit: int) -> Parcel | None:
+        """The good record at position of segment start, else None."""
+        import zlib
+        try:
+            fd = self._reader(start)
+            header = os.pread(fd, SPOOL_HEADER.size, position - start)
+            if len(header) < SPOOL_HEADER.size:
+                return None
+            magic, length, crc, _ = SPOOL_HEADER.unpack(header)
+            end = position + SPOOL_HEADER.size + length
+            if magic != SPOOL_MAGIC or end > limit:
+                return None
+            payload = os.pread(fd, length, position - start + SPOOL_HEADER.size)
+        except OSError:
+            return None
+        if len(payload) < length or zlib.crc32(payload, zlib.crc32(header[12:])) != crc:
+            return None
+        decoded = decode_payload(payload)
+        if decoded is None:
+            return None
+        messages, events, ends = decoded
+        return parcel_of(messages, events, ends)._replace(start=position, end=end)
+
+    def _next_good(self, start: int, position: int, limit: int) -> int:
+        """The first good record of segment start from position on, else limit."""
+        try:
+            fd = self._reader(start)
+        except OSError:
+            return limit
+        while position < limit:
+            chunk = os.pread(fd, min(SCAN_BYTES, limit - position), position - start)
+            if not chunk:
+                return limit
+            found = chunk.find(SPOOL_MAGIC)
+            while found >= 0:
+                if self._record_at(start, position + found, limit) is not None:
+                    return position + found
+                found = chunk.find(SPOOL_MAGIC, found + 1)
+            position += max(1, len(chunk) - len(SPOOL_MAGIC) + 1)
+        return limit
+
+    def _reader(self, start: int) -> int:
+        """A descriptor to read segment start (one is kept open)."""
+        if start != self._read_start:
+            if self._read_fd is not None:
+                os.close(self._read_fd)
+                self._read_fd, self._read_start = None, -1
+            self._read_fd = os.open(self._segment_path(start), os.O_RDONLY)
+            self._read_start = start
+        return self._read_fd
+
+    def age(self, position: int) -> float:
+        """Seconds since the record at position was written (0 if none is there)."""
+        index = bisect.bisect_right(self._starts, position) - 1
+        if index < 0 or position >= self.end:
+            return 0.0
+        try:
+            header = os.pread(self._reader(self._starts[index]), SPOOL_HEADER.size,
+                              position - self._starts[index])
+            magic, _, _, when = SPOOL_HEADER.unpack(header)
+        except (OSError, struct.error):
+            return 0.0
+        return max(0.0, time.time() - when) if magic == SPOOL_MAGIC else 0.0
+
+    def close(self, done: bool):
+        """End the run: everything is done if `done` (then no segment is
+        left); flush, write the position, close every file (the lock too)."""
+        for timer in (self._flush_timer, self._position_timer):
+            if timer is not None:
+                timer.cancel()
+        if done:
+            self.release(self.end)
+        try:
+            self._close_segment()
+        except OSError as exc:
+            warn(f"spool {self.directory}: cannot flush ({exc.strerror or exc})")
+        self._write_position()
+        for fd in (self._read_fd, self._position_fd, self._lock_fd):
+            if fd is not None:
+                os.close(fd)
+        self._read_fd = None
+
+
+class SpoolQueue(ByteQueue):
+    """The queue with a spool behind it.  Every Parcel goes to the spool first
+    (spool_nowait, put); it is also kept in memory, up to maxsize bytes, while
+    memory holds everything not yet sent, so a receiver that keeps up is fed
+    from memory and the spool is only written.  Otherwise the sender's gets
+    read the spool back from `cursor`, the next record neither sent nor in
+    memory: what a previous run left comes first (counted read as it is
+    read), then what this run spooled, in order.  END comes after all of it.
+
+    rewind() (a receiver went away) drops what memory holds and reads again
+    from an earlier position; records up to the position handed last then
+    come back as replayed Parcels.  `rewinds` counts the rewinds."""
+
+    def __init__(self, maxsize: int, spool: Spool, counters):
+        super().__init__(maxsize)
+        self._spool = spool
+        self._counters = counters
+        self.cursor = spool.safe
+        self.rewinds = 0
+        self._replay_until = 0
+        self._found_read = spool.safe  # what a previous run left was read up to here
+        self._end_put = False
+        self._end_given = False
+
+    def spool_nowait(self, parcel: Parcel) -> bool:
+        """Spool parcel (and keep it in memory if it may be); False if the spool is full."""
+        spool = self._spool
+        caught_up = self.cursor == spool.end
+        placed = spool.append(parcel)
+        if placed is None:
+            return False
+        if caught_up and self.nbytes < self.maxsize:
+            ByteQueue.put_nowait(self, placed)
+            self.cursor = placed.end
+        elif self._getters:
+            self._wakeup_next(self._getters)
+        return True
+
+    async def put(self, item):
+        """Spool item, waiting while the spool is full; END: after all spooled."""
+        if item is END:
+            self._end_put = True
+            self._wakeup_next(self._getters)
+            return
+        while not self.spool_nowait(item):
+            await self._spool.room()
+
+    def empty(self) -> bool:
+        return (not self._queue and self.cursor >= self._spool.end
+                and (self._end_given or not self._end_put))
+
+    def full(self) -> bool:
+        return self._spool.full()
+
+    def get_nowait(self):
+        """The next Parcel from memory, else from the spool; END once, after
+        everything; QueueEmpty if there is nothing."""
+        if self._queue:
+            return ByteQueue.get_nowait(self)
+        spool = self._spool
+        while self.cursor < spool.end:
+            parcel, self.cursor = spool.read(self.cursor)
+            if parcel is not None:
+                return self._marked(parcel)
+        if self._end_put and not self._end_given:
+            self._end_given = True
+            return END
+        raise asyncio.QueueEmpty
+
+    def _marked(self, parcel: Parcel) -> Parcel:
+        """parcel as read back: replayed up to what was handed at the last
+        rewind; counted read the first time if a previous run left it."""
+        if parcel.end <= self._replay_until:
+            return parcel._replace(replayed=True)
+        if parcel.start < self._spool.found and parcel.end > self._found_read:
+            events = sum(parcel.events)
+            self._counters.events_read += events
+            self._counters.events_found += events
+            self._found_read = parcel.end
+        return parcel
+
+    def rewind(self, position: int, handed_end: int):
+        """Send again from position; records up to handed_end are replayed."""
+        self._queue.clear()
+        self.nbytes = 0
+        self.cursor = position
+        self._replay_until = max(self._replay_until, handed_end)
+        self.rewinds += 1
+        self._wakeup_next(self._getters)
+
+    def unsent_bytes(self) -> int:
+        """Spool bytes from the cursor on (not sent, not in memory)."""
+        return self._spool.end - self.cursor
+
+    def oldest_unsent(self) -> int:
+        """Where the oldest record not yet taken by the sender lies."""
+        return self._queue[0].start if self._queue else self.cursor
 
 
 # ---------------------------------------------------------------- sending --
@@ -2062,6 +2720,58 @@ class ReplayWindow:
         return parcels
 
 
+class SpoolWindow(ReplayWindow):
+    """The replay window with a spool: it keeps where the records handed
+    lately lie, not their messages, so it costs no memory; replay() rewinds
+    the SpoolQueue to the oldest.  The spool's `safe` follows the window's
+    oldest record or, once the window is emptied (see ReplayWindow), the end
+    of what was handed."""
+
+    def __init__(self, limit: int, queue: SpoolQueue, unsent_bytes, spool: Spool):
+        super().__init__(limit, queue, unsent_bytes)
+        self._spool = spool
+        self._handed_end = spool.safe
+
+    def add(self, parcel: Parcel):
+        """parcel (with its place in the spool) was handed to ZeroMQ."""
+        self._handed_end = parcel.end
+        if not self.limit:
+            self._spool.release(parcel.end)
+            return
+        self._parcels.append((parcel.start, parcel.nbytes, sum(parcel.events)))
+        self.nbytes += parcel.nbytes
+        while self.nbytes - self._parcels[0][1] >= self.limit:
+            self.nbytes -= self._parcels.popleft()[1]
+        self._spool.release(self._parcels[0][0])
+
+    def replay(self, in_progress: Parcel | None) -> int:
+        """A receiver went away: rewind the queue to the window's oldest
+        record (or to the Parcel in progress).  Returns the events that will
+        be sent again."""
+        if not self.limit:
+            return 0
+        events = sum(entry[2] for entry in self._parcels)
+        if self._parcels:
+            start = self._parcels[0][0]
+        elif in_progress is not None:
+            start = in_progress.start
+        else:
+            return 0
+        if in_progress is not None:
+            events += sum(in_progress.events)
+        self._parcels.clear()
+        self.nbytes = 0
+        self._queue.rewind(start, self._handed_end)
+        return events
+
+    def _take(self) -> list:
+        """Empty the window: everything handed is done."""
+        self._parcels.clear()
+        self.nbytes = 0
+        self._spool.release(self._handed_end)
+        return []
+
+
 class Sender:
     """Flow control: takes Parcels from the queue and hands their messages to
     ZeroMQ, in order, keeping each handed Parcel in the ReplayWindow.
@@ -2115,8 +2825,12 @@ class Sender:
             if parcel is END:
                 break
             await self.send(parcel)
-        while not self._queue.empty():
-            await self.send(self._queue.get_nowait())
+        while True:
+            try:
+                parcel = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            await self.send(parcel)
         await self.flush()
 
     async def next_parcel(self):
@@ -2134,9 +2848,12 @@ class Sender:
 
     async def send(self, parcel: Parcel):
         """Hand all of parcel's messages over in order (waits while ZeroMQ would
-        block), then keep parcel in the replay window."""
+        block), then keep parcel in the replay window.  If the queue was
+        rewound meanwhile (a spool's replay), the rest of parcel is left: the
+        rewound queue gives all of it again."""
         self._current, self._handed = parcel, 0
         messages, events = parcel.messages, parcel.events
+        rewinds = self._queue.rewinds
         if self._fit_pipe and parcel.nbytes * self._sndhwm > PIPE_BYTES:
             self._fit_sndhwm(messages)  # (else no message is large enough to lower it)
         while self._handed < len(messages):
@@ -2147,8 +2864,20 @@ class Sender:
                 spilled = self.spill(messages, events, sent, parcel.replayed)
                 await self.flush()
                 self._handed = spilled
+                if self._queue.rewinds != rewinds:
+                    self._leave(parcel)
+                    return
         self._current = None
         self.window.add(parcel)
+
+    def _leave(self, parcel: Parcel):
+        """parcel is left half sent after a rewind: what was handed of it
+        counts as replayed, since the rewound queue gives it again whole."""
+        self._current = None
+        if not parcel.replayed:
+            handed = sum(parcel.events[:self._handed])
+            self._counters.events_handed -= handed
+            self._counters.events_replayed += handed
 
     def handed_part(self) -> Parcel | None:
         """What was handed to ZeroMQ of the Parcel being sent, if anything."""
@@ -2224,33 +2953,19 @@ class Sender:
 
 
 class Confirmer:
-    """--confirm (rsyslog omprog confirmMessages): the sender loop that answers
-    each line read on stdout, "OK" once ZeroMQ accepted all of it, otherwise
-    a refusal that makes rsyslog send it again; "OK" first of all, when ready.
+    """--confirm (rsyslog omprog confirmMessages) without a spool: the sender
+    loop that answers each line read, "OK" once ZeroMQ accepted all of it,
+    otherwise a refusal that makes rsyslog send it again; "OK" first of all,
+    when ready."""
 
-    Owns stdout: replies are written without ever blocking the loop (while
-    nobody reads them, the loop waits and signals still work); the
-    descriptor's O_NONBLOCK flag is restored by close().  stop_reading() is
-    called when replies cannot be written (rsyslog has gone)."""
-
-    def __init__(self, sender: Sender, timeout: float, stop_reading, stdout_fd: int | None = 1):
+    def __init__(self, sender: Sender, timeout: float, replies: Replies):
         self._sender = sender
         self._timeout = timeout
-        self._stop_reading = stop_reading
-        self._fd = stdout_fd
-        self._broken = False  # a reply could not be written
-        self._blocking = os.get_blocking(stdout_fd) if stdout_fd is not None else None
-        if stdout_fd is not None:
-            os.set_blocking(stdout_fd, False)
-
-    def close(self):
-        if self._fd is not None:
-            os.set_blocking(self._fd, self._blocking)
-            self._fd = None
+        self._replies = replies
 
     async def run(self):
         """Say "OK", then send and answer line by line until END."""
-        await self._reply(True)
+        await self._replies.reply(True)
         sender = self._sender
         while True:
             parcel = await sender.next_parcel()
@@ -2281,7 +2996,7 @@ class Confirmer:
                 sender.window.add(parcel_of([message], [nevents], [ends]))
             line_ok = line_ok and accepted
             if ends:
-                await self._reply(line_ok)
+                await self._replies.reply(line_ok)
                 line_ok = True
 
     def _spill_replay(self, parcel: Parcel):
@@ -2308,38 +3023,6 @@ class Confirmer:
             return False
         return True
 
-    async def _reply(self, accepted: bool):
-        """Answer one line; stop reading if that cannot be done (no stdout, or
-        rsyslog has gone)."""
-        text = "OK" if accepted else "zmqpush: not accepted by ZeroMQ in time"
-        if self._fd is None or not await self._say(text):
-            self._stop_reading()
-
-    async def _say(self, text: str) -> bool:
-        """Write one line; waits while stdout is full.  False if it cannot be
-        written (rsyslog has gone, stdout is /dev/full): said once on stderr,
-        and no reply is tried after that."""
-        data = memoryview((text + "\n").encode())
-        while data and not self._broken:
-            try:
-                data = data[os.write(self._fd, data):]
-            except BlockingIOError:
-                await self._writable()
-            except OSError as exc:
-                warn(f"cannot write --confirm replies on stdout: {exc.strerror}; "
-                     "reading stops")
-                self._broken = True
-        return not self._broken
-
-    async def _writable(self):
-        loop = asyncio.get_running_loop()
-        ready = loop.create_future()
-        loop.add_writer(self._fd, lambda: ready.done() or ready.set_result(None))
-        try:
-            await ready
-        finally:
-            loop.remove_writer(self._fd)
-
 
 # -------------------------------------------------------------- lifecycle --
 # Owns the run: wiring the parts, supervision, what is reported while it runs,
@@ -2352,11 +3035,13 @@ class Reporter:
 
     EVENT_REPEAT_SECONDS = 5.0
 
-    def __init__(self, config: Config, counters: Counters, queue: ByteQueue, sender: Sender):
+    def __init__(self, config: Config, counters: Counters, queue: ByteQueue, sender: Sender,
+                 spool: Spool | None = None):
         self._config = config
         self._counters = counters
         self._queue = queue
         self._sender = sender
+        self._spool = spool
         self._last = (time.monotonic(), 0)
         self._timers: list = []
         self._progress = config.progress and os.isatty(2)
@@ -2368,14 +3053,28 @@ class Reporter:
         now, sent_before = time.monotonic(), self._last[1]
         rate = (c.events_handed - sent_before) / max(1e-9, now - self._last[0])
         self._last = (now, c.events_handed)
-        return {"read": c.events_read, "bytes": c.bytes_read, "sent": c.events_handed,
-                "queued": self._queue.events(), "dropped": c.events_dropped,
-                "split": c.pieces, "transport_bytes": self._sender.buffered_bytes(),
-                "drain_waits": c.drain_waits, "connected": c.connected,
-                "disconnects": c.disconnects, "replayed": c.events_replayed,
-                "window_bytes": self._sender.window.nbytes,
-                "handshake_failures": c.handshake_failures, "refused": c.refused,
-                "rate": round(rate, 1)}
+        values = {"read": c.events_read, "bytes": c.bytes_read, "sent": c.events_handed,
+                  "queued": self._queue.events(), "dropped": c.events_dropped,
+                  "split": c.pieces, "transport_bytes": self._sender.buffered_bytes(),
+                  "drain_waits": c.drain_waits, "connected": c.connected,
+                  "disconnects": c.disconnects, "replayed": c.events_replayed,
+                  "window_bytes": self._sender.window.nbytes,
+                  "handshake_failures": c.handshake_failures, "refused": c.refused,
+                  "rate": round(rate, 1)}
+        if self._spool is not None:
+            values.update(self._spool_values())
+        return values
+
+    def _spool_values(self) -> dict:
+        """The spool's figures: bytes and segments on disk, bytes not yet sent
+        (nor in memory), the oldest unsent record's age in seconds, damaged
+        stretches skipped, and lines found from a previous run."""
+        spool, queue = self._spool, self._queue
+        return {"spool_bytes": spool.nbytes, "spool_segments": spool.segments,
+                "spool_unsent_bytes": queue.unsent_bytes(),
+                "spool_age": round(spool.age(queue.oldest_unsent()), 1),
+                "spool_corrupt": self._counters.spool_corrupt,
+                "spool_found": self._counters.events_found}
 
     def print_stats(self):
         """One counters line: "zmqpush: read=N ..." or, with --stats-format json, an object."""
@@ -2411,8 +3110,10 @@ class Reporter:
     def _print_progress(self):
         v = self.snapshot()
         state = f"{v['connected']} connected" if v["connected"] else "waiting for a receiver"
+        spooled = (f"{v['spool_unsent_bytes'] / (1 << 20):,.1f} MiB spooled "
+                   f"({v['spool_age']:g} s old), " if self._spool is not None else "")
         write_stderr(f"\r\x1b[Kzmqpush: {v['rate']:,.0f} lines/s, {v['sent']:,} sent, "
-                     f"{v['queued']:,} queued, {v['dropped']:,} dropped, "
+                     f"{v['queued']:,} queued, {spooled}{v['dropped']:,} dropped, "
                      f"{v['replayed']:,} replayed, {state}")
 
     def say(self, what: str, endpoint: str):
@@ -2460,17 +3161,27 @@ class Shipper:
         self._queue: ByteQueue | None = None
         self._reporter: Reporter | None = None
         self._waiting: asyncio.TimerHandle | None = None
-        self._confirmer: Confirmer | None = None
+        self._replies: Replies | None = None
+        self._spool: Spool | None = None
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
         config = self.config
+        if config.spool:
+            try:
+                self._spool = Spool(config.spool, config.spool_bytes, config.spool_sync,
+                                    self.counters)
+            except SpoolError as exc:
+                warn(str(exc))
+                return EXIT_USAGE
         try:
             await self._socket.open(self.counters, self._on_connection_event,
                                     self._on_receiver_lost)
         except OSError as exc:
             warn(f"cannot use endpoint {' '.join(config.connect + config.bind)}: "
                  f"{exc.strerror or exc}")
+            if self._spool is not None:
+                self._spool.close(done=False)
             return endpoint_error_code(exc)
         self._wire()
         loop = asyncio.get_running_loop()
@@ -2483,21 +3194,29 @@ class Shipper:
             await self._ship()
         finally:
             self._waiting.cancel()
-            if self._confirmer is not None:
-                self._confirmer.close()
+            if self._replies is not None:
+                self._replies.close()
             self._reader.close()
             self._socket.stop_watching()
             self._reporter.stop()
         handed = self.counters.events_handed + self.counters.events_replayed
         delivered = await self._socket.close(max(0.0, self._deadline - time.monotonic()),
                                              bool(self._sender.buffered_bytes()), bool(handed))
+        if self._spool is not None:
+            sender = self._tasks[1]
+            self._spool.close(done=delivered and sender.done() and not sender.cancelled()
+                              and sender.exception() is None)
         return self._report(delivered)
 
     def _wire(self):
         """The queue, the reader feeding it, and the sender (with its replay
         window) and reporter around it."""
         config = self.config
-        self._queue = ByteQueue(config.queue_bytes)
+        spool = self._spool
+        self._queue = (ByteQueue(config.queue_bytes) if spool is None
+                       else SpoolQueue(config.queue_bytes, spool, self.counters))
+        if config.confirm:
+            self._replies = Replies(self._stop_reading, None if self._stdout_closed else 1)
         encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
                           config.timestamp, array_bytes=config.array_bytes,
                           run_id=os.urandom(8).hex() if config.event_ids else None)
@@ -2505,10 +3224,18 @@ class Shipper:
             self._stdin_fd, self._queue, encoder=encoder,
             framer=LineFramer(config.max_line_bytes), counters=self.counters,
             read_bytes=config.batch_bytes if config.batch else DEFAULT_READ_BYTES,
-            drop_when_full=config.when_full == "drop")
-        window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes)
+            drop_when_full=config.when_full == "drop",
+            replies=self._replies if spool is not None else None)
+        if spool is None:
+            window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes)
+        else:
+            window = SpoolWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
+                                 spool)
         self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
-        self._reporter = Reporter(config, self.counters, self._queue, self._sender)
+        self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
+
+    def _stop_reading(self):
+        self._reader.stop()
 
     def _on_connection_event(self, what: str, endpoint: str):
         if what == "connected" and self._waiting is not None:
@@ -2534,17 +3261,14 @@ class Shipper:
         """Run reader and sender until input ends (EOF, stop signal or failure),
         then give the sender until the --linger deadline to deliver what was
         read; then cancel and await every task."""
-        if self.config.confirm:
-            self._confirmer = Confirmer(self._sender, self.config.confirm_timeout,
-                                        self._reader.stop,
-                                        None if self._stdout_closed else 1)
-            sender = self._confirmer.run()
-            if self._stdout_closed:
-                warn("stdout was closed at start: nobody can read --confirm replies, "
-                     "reading nothing")
-                self._reader.stop()
+        if self.config.confirm and self._spool is None:
+            sender = Confirmer(self._sender, self.config.confirm_timeout, self._replies).run()
         else:
             sender = self._sender.run()
+        if self.config.confirm and self._stdout_closed:
+            warn("stdout was closed at start: nobody can read --confirm replies, "
+                 "reading nothing")
+            self._reader.stop()
         self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
                        self._supervise(sender, "sending")]
         ended = asyncio.get_running_loop().create_task(self._reader.ended.wait())
@@ -2604,14 +3328,19 @@ class Shipper:
     def _report(self, delivered: bool) -> int:
         """Say what went wrong or was left undelivered, print the closing line;
         returns the exit code: 1 after a failure, 3 if any line may not have
-        been delivered (not handed over, dropped, still held by ZeroMQ, or
-        not waited for with --linger 0), else 0."""
-        counters = self.counters
+        been delivered (not handed over, dropped, still held by ZeroMQ, left
+        in the spool, or not waited for with --linger 0), else 0."""
+        counters, spool = self.counters, self._spool
         not_handed = counters.not_handed()
+        left = spool.end - spool.safe if spool is not None else 0
         problems = []
         if not_handed > 0:
             problems.append(f"{not_handed} messages were not handed to ZeroMQ within "
-                            f"--linger {self.config.linger:g}s (receiver down or too slow)")
+                            f"--linger {self.config.linger:g}s (receiver down or too slow)"
+                            + ("; the spool keeps them" if spool is not None else ""))
+        if left:
+            problems.append(f"{left} bytes stay in the spool {spool.directory}: "
+                            "the next run on it sends them first")
         if self.config.linger == 0:
             if counters.events_read:
                 problems.append("--linger 0: delivery was not waited for")
@@ -2630,12 +3359,25 @@ class Shipper:
                    f"{(time.perf_counter() - self._started) * 1000:.4f}ms. "
                    f"Tagged with @pid:{os.getpid()}")
         if counters.events_dropped:
-            closing += f". Dropped {counters.events_dropped} messages (queue full)"
+            closing += (f". Dropped {counters.events_dropped} messages "
+                        f"({'queue' if spool is None else 'spool'} full)")
         if counters.disconnects:
             closing += (f". Replayed {counters.events_replayed} messages after "
                         f"{counters.disconnects} receiver disconnects")
+        if spool is not None:
+            closing += self._spool_closing(left)
         write_stderr(closing + "\n")
         return code
+
+    def _spool_closing(self, left: int) -> str:
+        """The closing line's spool part: what came from a previous run, what
+        was damaged, what stays."""
+        counters, text = self.counters, ""
+        if counters.events_found:
+            text += f". {counters.events_found} of them a previous run left in the spool"
+        if counters.spool_corrupt:
+            text += f". Skipped {counters.spool_corrupt} damaged stretches of the spool"
+        return text + f". Spooled: {left} bytes left in {self._spool.directory}"
 
     def _install_signals(self):
         loop = asyncio.get_running_loop()
