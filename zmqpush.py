@@ -147,10 +147,12 @@ exit codes:
   0    every line read was handed to ZeroMQ and delivered within --linger
   1    runtime error: the bind address is in use, or reading or sending failed
        (one line names the cause; what was read is still delivered if it can be)
-  2    usage error: bad option, value or endpoint, or an argument that is not UTF-8
+  2    usage error: bad option, value or endpoint, an argument that is not
+       UTF-8, or a --spool directory that cannot be used or is in use
   3    undelivered: at exit some lines were not handed to ZeroMQ, ZeroMQ still
        held messages when --linger ran out, lines were dropped (--when-full
-       drop), or --linger 0 did not wait for the lines read
+       drop), --linger 0 did not wait for the lines read, or the spool still
+       holds lines (the next run on it sends them)
   128+N  forced exit by a second SIGINT or SIGTERM (130, 143)
 """
 
@@ -560,7 +562,10 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES)
     if not opt["spool"]:
         replay_bytes = held_replay
-    array_bytes = min(batch_bytes, replayable_array_bytes(replay_bytes))
+    # A spool's larger window is there to cover larger kernel buffers, not larger
+    # arrays: a receiver holding RCVHWM large arrays outlasts zmqpush's exit.
+    array_bytes = min(batch_bytes, replayable_array_bytes(
+        min(replay_bytes, DEFAULT_REPLAY_BYTES) if opt["spool"] else replay_bytes))
     default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
                       else DEFAULT_SNDHWM)
     return Config(
@@ -2057,11 +2062,11 @@ class Spool:
     def close(self, done: bool):
         """End the run: everything is done if `done` (then no segment is
         left); flush, write the position, close every file (the lock too)."""
+        if done:
+            self.release(self.end)
         for timer in (self._flush_timer, self._position_timer):
             if timer is not None:
                 timer.cancel()
-        if done:
-            self.release(self.end)
         try:
             self._close_segment()
         except OSError as exc:

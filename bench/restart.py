@@ -30,6 +30,11 @@ MODES = {
     "default": [],
     "--batch, replay off": ["--batch", "--replay-bytes", "0"],
     "--batch": ["--batch"],
+    # The spool's window is on disk (64 MiB): it covers a receiver host whose
+    # tcp_rmem maximum was raised (32 MiB here); --linger counts from end of
+    # input, which comes at once with a spool, so it is raised.
+    "default, spool": ["--spool", "{tmp}/spool-default", "--linger", "60"],
+    "--batch, spool": ["--batch", "--spool", "{tmp}/spool-batch", "--linger", "60"],
 }
 
 
@@ -50,8 +55,8 @@ class Outage:
 
     def __init__(self, args_: list, *, lines: int, restarts: int, rate: float, kill: bool,
                  tmp: str, bind: bool = False, rcvbuf: int = 0):
-        self.args, self.lines, self.restarts, self.rate, self.kill = (
-            args_, lines, restarts, rate, kill)
+        self.args = [arg.format(tmp=tmp) for arg in args_]  # "{tmp}": a directory for this run
+        self.lines, self.restarts, self.rate, self.kill = lines, restarts, rate, kill
         self.rcvbuf = rcvbuf  # the receiver's SO_RCVBUF (bench/stock_input.py --rcvbuf)
         self.out = os.path.join(tmp, f"received-{time.monotonic_ns()}.txt")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"

@@ -56,6 +56,21 @@ def test_stock_receiver_restarted_3_times_under_load_every_line_arrives(
         check_ids(outage.received())
 
 
+@pytest.mark.parametrize("mode", [[], ["--batch"]], ids=["default", "batch"])
+def test_spool_window_covers_a_receiver_with_this_hosts_32_mib_buffer_killed_3_times(
+        tmp_path, mode):
+    """With a spool the window is on disk (64 MiB, no memory cost): it covers what
+    a receiver may hold where tcp_rmem allows 32 MiB, as here (the in-memory
+    window is sized for a default Linux's 6 MiB: README "Outages")."""
+    outage = Outage([*mode, "--spool", str(tmp_path / "spool"), "--linger", "60"],
+                    lines=300_000, restarts=3, rate=60_000, kill=True, tmp=str(tmp_path))
+    figures = outage.run()
+    assert figures["lost"] == 0, (figures, outage.stderr)
+    assert figures["exit"] == 0, outage.stderr
+    assert figures["disconnects"] == 3
+    assert not list((tmp_path / "spool").glob("*.seg"))
+
+
 def stock_receiver(endpoint: str, out) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, RECEIVER, "--bind", endpoint, "--rate", "60000",
                              "--out", str(out)], stdout=subprocess.DEVNULL)
