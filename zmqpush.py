@@ -1765,6 +1765,7 @@ class Spool:
         self._error_until = 0.0
         self._errors_said: set = set()
         self._write_fd: int | None = None
+        self._new_entry = False  # a segment was created since the last flush
         self._read_fd: int | None = None
         self._read_start = -1
         try:
@@ -1866,6 +1867,7 @@ class Spool:
         if not self._starts or self._starts[-1] != self.end:
             self._starts.append(self.end)
             self._sizes[self.end] = 0
+        self._new_entry = True
         if self._sync == 0:
             self._sync_directory()
 
@@ -1879,6 +1881,8 @@ class Spool:
                 os.close(fd)
 
     def _sync_directory(self):
+        """Make a new segment's directory entry durable too."""
+        self._new_entry = False
         fd = os.open(self.directory, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -1887,11 +1891,13 @@ class Spool:
 
     def _flush(self):
         self._flush_timer = None
-        if self._write_fd is not None:
-            try:
+        try:
+            if self._write_fd is not None:
                 os.fdatasync(self._write_fd)
-            except OSError as exc:
-                self._failed(exc)
+            if self._new_entry:
+                self._sync_directory()
+        except OSError as exc:
+            self._failed(exc)
 
     def _failed(self, exc: OSError):
         """A write failed: cut off what it left, be full for SPOOL_RETRY, say it once."""
@@ -3115,8 +3121,11 @@ class Reporter:
     def _print_progress(self):
         v = self.snapshot()
         state = f"{v['connected']} connected" if v["connected"] else "waiting for a receiver"
-        spooled = (f"{v['spool_unsent_bytes'] / (1 << 20):,.1f} MiB spooled "
-                   f"({v['spool_age']:g} s old), " if self._spool is not None else "")
+        spooled = ""
+        if self._spool is not None:
+            spooled = (f"{v['spool_unsent_bytes'] / (1 << 20):,.1f} MiB spooled "
+                       f"({v['spool_age']:g} s old"
+                       + (f", {v['spool_corrupt']} damaged), " if v["spool_corrupt"] else "), "))
         write_stderr(f"\r\x1b[Kzmqpush: {v['rate']:,.0f} lines/s, {v['sent']:,} sent, "
                      f"{v['queued']:,} queued, {spooled}{v['dropped']:,} dropped, "
                      f"{v['replayed']:,} replayed, {state}")
