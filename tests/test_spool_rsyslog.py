@@ -7,6 +7,8 @@ ruleset's queue has one worker, so omprog runs one zmqpush at a time on the
 spool directory.  Not forceSingleInstance: with it, Debian's rsyslogd 8.2302
 segfaults when a confirmMessages program dies before its first "OK" (seen
 with /bin/false too), and this test kills zmqpush there."""
+from __future__ import annotations
+
 import collections
 import json
 import os
