@@ -1,0 +1,149 @@
+"""zmqpush --confirm --spool as rsyslog's omprog program, SIGKILLed again and
+again while lines flow: every line rsyslog was told "OK" for is in the spool
+(the next instance sends it first), every other one rsyslog sends again.
+
+The configuration is README's confirm mode (test_rsyslog.confirm_rules): the
+ruleset's queue has one worker, so omprog runs one zmqpush at a time on the
+spool directory.  Not forceSingleInstance: with it, Debian's rsyslogd 8.2302
+segfaults when a confirmMessages program dies before its first "OK" (seen
+with /bin/false too), and this test kills zmqpush there."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+from rsyslog import PrivateRsyslog, available, pid_alive
+from test_rsyslog import binary, confirm_rules, wait_gone
+
+from conftest import ZMQPUSH, Receiver, free_port
+
+
+@pytest.fixture(autouse=True)
+def _rsyslogd_installed():
+    assert available(), "rsyslogd is not installed: .ci/run installs Debian's rsyslog"
+
+
+def zmqpush_child(rs: PrivateRsyslog) -> int | None:
+    """The live zmqpush that rsyslogd runs (a child of it whose command line
+    is zmqpush.py), or None."""
+    for pid in rs.children():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ZMQPUSH.encode() in args and pid_alive(pid):
+            return pid
+    return None
+
+
+def wait_child(rs: PrivateRsyslog, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = zmqpush_child(rs)
+        if pid is not None:
+            return pid
+        time.sleep(0.02)
+    return None
+
+
+class Delivered:
+    """The distinct messages a Receiver got so far (frames parsed once each)."""
+
+    def __init__(self, receiver: Receiver):
+        self._receiver = receiver
+        self._parsed = 0
+        self.messages = set()
+
+    def count(self) -> int:
+        frames = self._receiver.frames
+        n = len(frames)
+        self.messages.update(json.loads(f)["message"] for f in frames[self._parsed:n])
+        self._parsed = n
+        return len(self.messages)
+
+
+class PacedSender(threading.Thread):
+    """Sends messages into rsyslog's TCP input in chunks, spread over about
+    `seconds` (rsyslog's queue takes them while zmqpush is down)."""
+
+    def __init__(self, rs: PrivateRsyslog, messages: list, seconds: float, chunk: int = 250):
+        super().__init__(daemon=True)
+        self._rs, self._messages, self._chunk = rs, messages, chunk
+        self._pause = seconds / max(1, len(messages) // chunk)
+        self.error = None
+
+    def run(self):
+        try:
+            for i in range(0, len(self._messages), self._chunk):
+                self._rs.send(self._messages[i:i + self._chunk])
+                time.sleep(self._pause)
+        except Exception as exc:  # reported by the test
+            self.error = exc
+
+
+def test_confirm_spool_zmqpush_sigkilled_12_times_mid_flow_every_line_arrives(tmp_path):
+    lines, kills, flow_seconds = 20_000, 12, 12.0
+    seed = random.randrange(1 << 32)
+    rng = random.Random(seed)
+    receiver = Receiver(free_port())
+    spool = tmp_path / "spool"
+    rs = PrivateRsyslog(tmp_path, rules=confirm_rules(
+        binary("app", "--confirm", "--spool", str(spool), "-c", receiver.endpoint), tmp_path))
+    messages = [f"crash-loop {i:05d}" for i in range(lines)]
+    began = time.monotonic()
+    end = began + 100  # the whole test takes about 22 s
+    killed = []  # (pid, distinct lines delivered when it was killed)
+    delivered = Delivered(receiver)
+    try:
+        rs.start()
+        sender = PacedSender(rs, messages, flow_seconds)
+        sender.start()
+        for _ in range(kills + 5):  # an instance that ended by itself is not counted
+            if len(killed) == kills:
+                break
+            pid = wait_child(rs, min(15, end - time.monotonic()))
+            assert pid is not None, (f"omprog did not (re)start zmqpush (seed {seed}, "
+                                     f"kills {killed}, children {rs.children()}, "
+                                     f"sender {sender.is_alive()} {sender.error!r})")
+            # A random moment of this instance's life; the first two before it
+            # can have said its first "OK" (Python alone takes longer to start).
+            time.sleep(rng.uniform(0, 0.03) if len(killed) < 2 else rng.uniform(0.03, 0.9))
+            if zmqpush_child(rs) == pid:
+                os.kill(pid, signal.SIGKILL)
+                killed.append((pid, delivered.count()))
+                assert wait_gone(pid, 5)
+        sender.join(max(0, end - time.monotonic()))
+        assert not sender.is_alive() and sender.error is None, sender.error
+        while time.monotonic() < end and delivered.count() < lines:
+            time.sleep(0.2)
+        receiver.settle(1)
+        events = receiver.events()  # every frame strict JSON
+        got = collections.Counter(e["message"] for e in events)
+        lost = sorted(set(messages) - set(got))
+        assert not lost, f"lost {len(lost)}, e.g. {lost[:5]} (seed {seed}, kills {killed})"
+        assert set(got) == set(messages)
+        assert {e["type"] for e in events} == {"app"}
+        assert len(killed) >= 10, f"only {len(killed)} kills (seed {seed})"
+        assert sum(0 < n < lines for _, n in killed) >= 8, f"kills not mid-flow: {killed}"
+        shipped = {e["@pid"] for e in events} & {pid for pid, _ in killed}
+        assert len(shipped) >= 3, f"killed before shipping anything: {killed}"
+        last = zmqpush_child(rs)
+        rs.stop()
+        assert last is None or wait_gone(last, 10)
+        err = (tmp_path / "zmqpush.err").read_text(errors="replace")
+        assert "in use by another zmqpush" not in err and "Traceback" not in err, err[-2000:]
+        assert sorted(os.listdir(spool)) == ["lock", "position"], err[-2000:]
+        duplicates = sum(n - 1 for n in got.values())
+        print(f"seed {seed}: {len(killed)} kills ({len(shipped)} after shipping), "
+              f"{duplicates} duplicates, "
+              f"{time.monotonic() - began:.1f} s")
+    finally:
+        rs.stop()
+        receiver.stop()
