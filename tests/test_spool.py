@@ -1,0 +1,259 @@
+"""The disk spool (--spool DIR): input outlives the receiver and zmqpush itself;
+the cap holds; damage is skipped; one run per directory; order across runs;
+a stop keeps what was read.  Real files, sockets on 127.0.0.1 and processes."""
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+from conftest import free_port, start, stop_process
+
+KIB, MIB = 1 << 10, 1 << 20
+READ_BYTES = 256 * KIB  # zmqpush's read size: what a SIGKILL may catch read but not spooled
+FIELDS = ["message", "type", "@pid"]
+
+# The spool's record (see the spec): header magic, payload length, CRC-32 of
+# the time bytes and the payload, time; payload n, n sizes, n event counts,
+# n line-end flags, the messages.
+MAGIC = b"\xffZPr"
+HEADER = struct.Struct("<4sIId")
+
+# A PULL receiver in its own process (throughput: the test's GIL stays out of
+# its way) that appends every frame and a newline to a file; a frame of valid
+# JSON has no raw newline.  SIGTERM: take what is ready, then end.
+FILE_RECEIVER = r"""
+import os, signal, sys, zmq
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+sock = zmq.Context().socket(zmq.PULL)
+sock.setsockopt(zmq.LINGER, 0)
+sock.bind(sys.argv[1])
+out = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+while True:
+    ready = sock.poll(100)
+    if not ready and stop:
+        break
+    frames = []
+    try:
+        while len(frames) < 20000:
+            frames.append(sock.recv(zmq.NOBLOCK))
+    except zmq.Again:
+        pass
+    if frames:
+        os.write(out, b"\n".join(frames) + b"\n")
+"""
+
+
+class FileReceiver:
+    """FILE_RECEIVER on a port of its own; frames() once finish()ed."""
+
+    def __init__(self, path: Path, port: int = 0):
+        self.path = path
+        self.endpoint = f"tcp://127.0.0.1:{port or free_port()}"
+        self.proc = subprocess.Popen([sys.executable, "-c", FILE_RECEIVER, self.endpoint,
+                                      str(path)])
+
+    def size(self) -> int:
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    def finish(self, quiet: float = 1.5, timeout: float = 60.0):
+        """Wait until nothing arrived for `quiet` seconds (what the kernel still
+        held is read), then end the receiver."""
+        deadline, last, since = time.monotonic() + timeout, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            size = self.size()
+            if size != last:
+                last, since = size, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                break
+            time.sleep(0.05)
+        self.stop()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                stop_process(self.proc)
+
+    def frames(self, chunk: int = 100_000):
+        """The frames received, in lists of at most chunk."""
+        with open(self.path, "rb") as f:
+            while True:
+                lines = f.readlines(chunk * 64)
+                if not lines:
+                    return
+                assert all(line.endswith(b"\n") for line in lines)
+                yield [line[:-1] for line in lines]
+
+
+def strict_docs(frames: list, arrays: bool = False) -> list:
+    """Every frame parsed strictly as one JSON object with the usual fields
+    (or, with arrays, as an array of them: --batch); the events."""
+    docs = json.loads(b"[" + b",".join(frames) + b"]", strict=True) if frames else []
+    assert len(docs) == len(frames), "a frame is not one JSON value"
+    if arrays:
+        assert all(isinstance(doc, list) and doc for doc in docs)
+        docs = [event for doc in docs for event in doc]
+    for doc in docs:
+        assert isinstance(doc, dict) and list(doc) == FIELDS, doc
+    return docs
+
+
+class Producer(threading.Thread):
+    """Writes data to a process's stdin in 64 KiB pieces and closes it;
+    `closed` is set once all of it was written and the pipe closed."""
+
+    def __init__(self, proc: subprocess.Popen, data: bytes):
+        super().__init__(daemon=True)
+        self.proc, self.data = proc, data
+        self.closed = threading.Event()
+
+    def run(self):
+        try:
+            for at in range(0, len(self.data), 64 * KIB):
+                self.proc.stdin.write(self.data[at:at + 64 * KIB])
+            self.proc.stdin.close()
+            self.closed.set()
+        except (BrokenPipeError, ValueError):
+            pass
+
+
+def numbered(first: int, end: int) -> bytes:
+    """Lines "00000000" ... of 8 digits (9 bytes with the newline)."""
+    return b"".join(b"%08d\n" % i for i in range(first, end))
+
+
+def segments(spool: Path) -> list:
+    return sorted(spool.glob("*.seg"))
+
+
+def assert_spool_empty(spool: Path):
+    """What a run that delivered everything leaves: the lock and the position."""
+    assert sorted(os.listdir(spool)) == ["lock", "position"]
+    assert re.fullmatch(rb"\d{20}\n", (spool / "position").read_bytes())
+
+
+def disk_use(spool: Path) -> int:
+    """Bytes the segment files take now (a file deleted meanwhile counts 0)."""
+    total = 0
+    for path in segments(spool):
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def records(data: bytes) -> list:
+    """The good records of a segment's bytes, as (start, end, messages), checked
+    the way zmqpush checks them; a damaged stretch is skipped to the next magic."""
+    found, at = [], 0
+    while at + HEADER.size <= len(data):
+        magic, length, crc, _ = HEADER.unpack_from(data, at)
+        end = at + HEADER.size + length
+        payload = data[at + HEADER.size:end]
+        if (magic != MAGIC or end > len(data)
+                or zlib.crc32(payload, zlib.crc32(data[at + 12:at + 20])) != crc):
+            at = data.find(MAGIC, at + 1)
+            if at < 0:
+                break
+            continue
+        count = struct.unpack_from("<I", payload)[0]
+        sizes = struct.unpack_from(f"<{count}I", payload, 4)
+        body = 4 + 9 * count
+        assert body + sum(sizes) == len(payload)
+        messages = []
+        for size in sizes:
+            messages.append(payload[body:body + size])
+            body += size
+        found.append((at, end, messages))
+        at = end
+    return found
+
+
+def spooled_frames(spool: Path) -> list:
+    """The frames of every good record in the spool's segment files."""
+    return [m for path in segments(spool) for _, _, ms in records(path.read_bytes())
+            for m in ms]
+
+
+def closing_line(stderr: bytes) -> str:
+    lines = stderr.decode().splitlines()
+    assert lines and lines[-1].startswith("Processed "), stderr
+    return lines[-1]
+
+
+def spooled_left(stderr: bytes) -> int:
+    match = re.search(r"\. Spooled: (\d+) bytes left in ", closing_line(stderr))
+    assert match, stderr
+    return int(match.group(1))
+
+
+def wait_for_lock(spool: Path, pid: int, timeout: float = 10.0):
+    """Until the spool's lock file names pid (the run holds the directory)."""
+    deadline = time.monotonic() + timeout
+    lock = spool / "lock"
+    while time.monotonic() < deadline:
+        if lock.exists() and lock.read_bytes() == b"%d\n" % pid:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"pid {pid} never took {spool}")
+
+
+# -- 1. the receiver down for the whole input
+
+INPUT_LINES = 2_000_000
+
+
+def test_receiver_down_for_the_whole_input_the_producer_finishes_then_all_arrives_once_in_order(
+        tmp_path):
+    spool, port = tmp_path / "spool", free_port()
+    proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--spool", str(spool),
+                  "--linger", "300"])
+    producer = Producer(proc, numbered(0, INPUT_LINES))
+    receiver = None
+    try:
+        producer.start()
+        producer.join(120)
+        assert producer.closed.is_set(), "the producer blocked with a spool"
+        assert proc.poll() is None  # still waiting for a receiver (none ever listened)
+        assert disk_use(spool) > INPUT_LINES * 9
+        receiver = FileReceiver(tmp_path / "got", port)
+        assert proc.wait(180) == 0
+        receiver.finish()
+        err = proc.stderr.read()
+    finally:
+        stop_process(proc)
+        if receiver is not None:
+            receiver.stop()
+    assert spooled_left(err) == 0
+    assert_spool_empty(spool)
+    got = 0
+    for frames in receiver.frames():
+        docs = strict_docs(frames)
+        assert [d["message"] for d in docs] == [f"{i:08d}" for i in range(got, got + len(docs))]
+        assert {(d["type"], d["@pid"]) for d in docs} == {("syslog", proc.pid)}
+        got += len(docs)
+    assert got == INPUT_LINES
+
+
+def test_without_a_spool_the_same_producer_blocks_while_the_receiver_is_down():
+    """The contrast: the 4 MiB queue fills and the pipe with it."""
+    proc = start(["-q", "-c", f"tcp://127.0.0.1:{free_port()}"])
+    producer = Producer(proc, numbered(0, 1_000_000))
+    try:
+        producer.start()
+        producer.join(3)
+        assert not producer.closed.is_set()
+    finally:
+        stop_process(proc)
+        producer.join(10)
