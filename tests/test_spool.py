@@ -3,6 +3,7 @@ the cap holds; damage is skipped; one run per directory; order across runs;
 a stop keeps what was read.  Real files, sockets on 127.0.0.1 and processes."""
 import json
 import os
+import random
 import re
 import signal
 import struct
@@ -12,6 +13,8 @@ import threading
 import time
 import zlib
 from pathlib import Path
+
+import pytest
 
 from conftest import free_port, start, stop_process
 
@@ -257,3 +260,96 @@ def test_without_a_spool_the_same_producer_blocks_while_the_receiver_is_down():
     finally:
         stop_process(proc)
         producer.join(10)
+
+
+# -- 2. zmqpush killed again and again
+
+# Enough input that 12 runs do not reach its end: --batch sends faster.
+CRASH_LINES = {"default": 1_000_000, "batch": 3_000_000}
+CRASH_LINE = b"%08d-abcdefghij\n"  # 20 bytes: line n is at n * 20
+CRASH_KILLS = 12
+
+
+@pytest.mark.parametrize("mode", ["default", "batch"])
+def test_sigkilled_12_times_every_spooled_line_arrives_and_each_run_made_progress(
+        tmp_path, mode):
+    """The runs share one open input file (one offset): each goes on where the
+    last one's reads stopped; a kill may lose only what was read and not yet
+    spooled (at most one read)."""
+    width, lines = len(CRASH_LINE % 0), CRASH_LINES[mode]
+    source = tmp_path / "input"
+    source.write_bytes(b"".join(CRASH_LINE % i for i in range(lines)))
+    size = source.stat().st_size
+    spool = tmp_path / "spool"
+    receiver = FileReceiver(tmp_path / "got")
+    # A 4 MiB cap (512 KiB segments, a 1 MiB window): the reader often waits
+    # for the receiver, segments are done and deleted, the position file moves.
+    args = ["-q", "-c", receiver.endpoint, "--spool", str(spool), "--spool-bytes", str(4 * MIB),
+            *(["--batch"] if mode == "batch" else [])]
+    rng = random.Random(20240601)
+    offsets, pids, seen = [0], [], set()
+    proc = None
+    try:
+        with open(source, "rb") as stdin:
+            fd = stdin.fileno()
+            for run_number in range(CRASH_KILLS):
+                began = offsets[-1]
+                if size - began < 4 * MIB:
+                    break  # leave some of the input to the last run
+                with open(tmp_path / f"run{run_number}.err", "wb") as err:
+                    proc = start(args, stdin=stdin, stdout=subprocess.DEVNULL, stderr=err)
+                pids.append(proc.pid)
+                # Once a second read was made, the first one is spooled.
+                deadline = time.monotonic() + 30
+                while (os.lseek(fd, 0, os.SEEK_CUR) <= began + READ_BYTES
+                       and proc.poll() is None and time.monotonic() < deadline):
+                    time.sleep(0.005)
+                time.sleep(rng.uniform(0, 0.1))
+                assert proc.poll() is None, (tmp_path / f"run{run_number}.err").read_text()
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+                offsets.append(os.lseek(fd, 0, os.SEEK_CUR))
+                seen.update(spooled_frames(spool))
+            proc = start(["--linger", "30", *args], stdin=stdin, stdout=subprocess.DEVNULL)
+            pids.append(proc.pid)
+            code = proc.wait(120)
+            err = proc.stderr.read()
+        receiver.finish()
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        receiver.stop()
+    kills = len(offsets) - 1
+    assert kills >= 10, offsets
+    assert code == 0, err
+    assert spooled_left(err) == 0
+    assert_spool_empty(spool)
+
+    received, count = set(), 0
+    for frames in receiver.frames():
+        received.update(frames)
+        count += len(frames)
+    docs = strict_docs(sorted(received), arrays=mode == "batch")
+    assert {d["type"] for d in docs} == {"syslog"} and {d["@pid"] for d in docs} <= set(pids)
+    assert seen and not seen - received, f"{len(seen - received)} spooled frames never arrived"
+
+    # A run starts where the last one's reads stopped, maybe within a line: that
+    # line's head was lost with the killed run, its tail is the next one's first.
+    pattern = re.compile(r"\d{8}-abcdefghij")
+    tails = {(CRASH_LINE % (at // width))[at % width:-1].decode() for at in offsets[1:]}
+    numbers = set()
+    for doc in docs:
+        if pattern.fullmatch(doc["message"]):
+            numbers.add(int(doc["message"][:8]))
+        else:
+            assert doc["message"] in tails, doc
+    lost = set(range(lines)) - numbers
+    print(f"\n{kills} kills at input offsets {offsets[1:]}; {len(seen)} frames seen in "
+          f"the spool; {count} received, {len(received)} distinct; {len(lost)} lines lost")
+    # Lost: only lines that end after the last read's start before a kill.
+    for line in lost:
+        assert any(at - READ_BYTES - width <= line * width < at for at in offsets[1:]), line
+    # Every killed run shipped some of its own lines, the last one the rest.
+    for began, ended in zip(offsets, offsets[1:]):
+        assert numbers & set(range(-(-began // width), ended // width)), (began, ended)
+    assert set(range(-(-offsets[-1] // width), lines)) <= numbers
