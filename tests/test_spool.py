@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, start, stop_process
+from conftest import Receiver, free_port, run, start, stop_process
 
 KIB, MIB = 1 << 10, 1 << 20
 READ_BYTES = 256 * KIB  # zmqpush's read size: what a SIGKILL may catch read but not spooled
@@ -353,3 +353,41 @@ def test_sigkilled_12_times_every_spooled_line_arrives_and_each_run_made_progres
     for began, ended in zip(offsets, offsets[1:]):
         assert numbers & set(range(-(-began // width), ended // width)), (began, ended)
     assert set(range(-(-offsets[-1] // width), lines)) <= numbers
+
+
+# -- 3. a damaged segment
+
+def test_damaged_and_torn_records_are_skipped_and_everything_else_arrives(tmp_path):
+    spool, port = tmp_path / "spool", free_port()
+    first = run(["-q", "-c", f"tcp://127.0.0.1:{port}", "--spool", str(spool),
+                 "--linger", "0.5"], numbered(0, 50_000))
+    assert first.returncode == 3, first.stderr
+    assert spooled_left(first.stderr) > 0
+    (segment,) = segments(spool)
+    data = segment.read_bytes()
+    good = records(data)
+    assert sum(len(ms) for _, _, ms in good) == 50_000 and len(good) > 3
+    # 100 bytes inside the record at 40% of the file; the last 30 bytes cut off.
+    hit = next(i for i, (begin, end, _) in enumerate(good) if begin <= len(data) * 0.4 < end)
+    begin, end, _ = good[hit]
+    middle = (begin + end) // 2
+    damaged = data[:middle] + b"\x00" * 100 + data[middle + 100:len(data) - 30]
+    segment.write_bytes(damaged)
+    expected = [m for i, (_, _, ms) in enumerate(good) if i not in (hit, len(good) - 1)
+                for m in ms]
+    assert [m for _, _, ms in records(damaged) for m in ms] == expected  # our own reading
+
+    receiver = Receiver(port)
+    try:
+        with open(os.devnull, "rb") as empty:
+            second = run(["-q", "-c", receiver.endpoint, "--spool", str(spool)], stdin=empty)
+        receiver.wait_for(len(expected))
+        receiver.settle(0.5)
+    finally:
+        receiver.stop()
+    assert ". Skipped 2 damaged stretches of the spool" in closing_line(second.stderr)
+    assert b"skipping a damaged or torn record" in second.stderr
+    assert receiver.frames == expected
+    strict_docs(receiver.frames)
+    assert spooled_left(second.stderr) == 0
+    assert_spool_empty(spool)
