@@ -391,3 +391,82 @@ def test_damaged_and_torn_records_are_skipped_and_everything_else_arrives(tmp_pa
     strict_docs(receiver.frames)
     assert spooled_left(second.stderr) == 0
     assert_spool_empty(spool)
+
+
+# -- 4. the cap
+
+CAP, CAP_SEGMENT = MIB, 128 * KIB
+CAP_LINES = 200_000
+CAP_RECORD = 4096 * 64  # the most a record of these lines takes (4096 of them)
+
+
+def sample_disk(spool: Path, seconds: float, samples: list, proc=None):
+    """Append disk_use every 50 ms for `seconds` (or until proc exits)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
+        samples.append(disk_use(spool))
+        time.sleep(0.05)
+
+
+def test_full_spool_blocks_the_producer_within_the_cap_and_then_delivers_everything(tmp_path):
+    spool, port = tmp_path / "spool", free_port()
+    proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--spool", str(spool),
+                  "--spool-bytes", str(CAP), "--linger", "60"])
+    producer = Producer(proc, numbered(0, CAP_LINES))
+    receiver, samples = None, []
+    try:
+        producer.start()
+        sample_disk(spool, 2.5, samples)
+        assert not producer.closed.is_set(), "the producer was not held back"
+        assert max(samples) >= CAP - CAP_RECORD  # held back by a full spool
+        receiver = FileReceiver(tmp_path / "got", port)
+        sample_disk(spool, 120, samples, proc)
+        producer.join(10)
+        assert producer.closed.is_set()
+        assert proc.wait(60) == 0, proc.stderr.read()
+        receiver.finish()
+    finally:
+        stop_process(proc)
+        if receiver is not None:
+            receiver.stop()
+    assert max(samples) <= CAP + CAP_SEGMENT, max(samples)
+    assert_spool_empty(spool)
+    docs = [d for frames in receiver.frames() for d in strict_docs(frames)]
+    assert [d["message"] for d in docs] == [f"{i:08d}" for i in range(CAP_LINES)]
+
+
+def test_full_spool_with_when_full_drop_drops_the_newest_and_a_later_run_sends_the_rest(
+        tmp_path):
+    spool, port = tmp_path / "spool", free_port()
+    proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--spool", str(spool),
+                  "--spool-bytes", str(CAP), "--when-full", "drop", "--linger", "0.5"])
+    producer = Producer(proc, numbered(0, CAP_LINES))
+    samples = []
+    try:
+        producer.start()
+        sample_disk(spool, 60, samples, proc)
+        producer.join(10)
+        assert producer.closed.is_set()
+        assert proc.wait(10) == 3
+        err = proc.stderr.read()
+    finally:
+        stop_process(proc)
+    dropped = re.search(r"\. Dropped (\d+) messages \(spool full\)", closing_line(err))
+    assert dropped and int(dropped.group(1)) > 0, err
+    assert 0 < spooled_left(err) <= CAP
+    assert max(samples) <= CAP + CAP_SEGMENT, max(samples)
+
+    receiver = FileReceiver(tmp_path / "got", port)
+    try:
+        with open(os.devnull, "rb") as empty:
+            second = run(["-q", "-c", receiver.endpoint, "--spool", str(spool),
+                          "--spool-bytes", str(CAP)], stdin=empty)
+        receiver.finish()
+    finally:
+        receiver.stop()
+    assert second.returncode == 0, second.stderr
+    assert_spool_empty(spool)
+    numbers = [int(d["message"]) for frames in receiver.frames() for d in strict_docs(frames)]
+    assert numbers == sorted(set(numbers))  # in order, each once
+    assert numbers[:1] == [0]
+    assert len(numbers) + int(dropped.group(1)) == CAP_LINES
