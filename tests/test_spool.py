@@ -6,6 +6,7 @@ import os
 import random
 import re
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -470,3 +471,60 @@ def test_full_spool_with_when_full_drop_drops_the_newest_and_a_later_run_sends_t
     assert numbers == sorted(set(numbers))  # in order, each once
     assert numbers[:1] == [0]
     assert len(numbers) + int(dropped.group(1)) == CAP_LINES
+
+
+# -- 5. one run per directory
+
+def test_a_second_run_on_a_spool_in_use_is_refused_and_the_first_goes_on(tmp_path, receiver):
+    spool = tmp_path / "spool"
+    first = start(["-q", "-c", receiver.endpoint, "--spool", str(spool)])
+    try:
+        wait_for_lock(spool, first.pid)
+        second = run(["-q", "-c", receiver.endpoint, "--spool", str(spool)], b"second\n")
+        assert second.returncode == 2
+        lines = second.stderr.decode().splitlines()
+        assert len(lines) == 1 and "is in use by another zmqpush" in lines[0], lines
+        assert f"(pid {first.pid})" in lines[0]
+        first.stdin.write(numbered(0, 1000))
+        first.stdin.close()
+        assert first.wait(20) == 0, first.stderr.read()
+    finally:
+        stop_process(first)
+    receiver.wait_for(1000)
+    receiver.settle(0.3)
+    assert receiver.messages() == [f"{i:08d}" for i in range(1000)]
+    assert_spool_empty(spool)
+
+
+def test_a_spool_path_that_is_a_regular_file_is_refused(tmp_path, receiver):
+    path = tmp_path / "file"
+    path.write_bytes(b"not a directory\n")
+    proc = run(["-q", "-c", receiver.endpoint, "--spool", str(path)], b"x\n")
+    assert proc.returncode == 2
+    lines = proc.stderr.decode().splitlines()
+    assert len(lines) == 1 and f"cannot use --spool {path}" in lines[0], lines
+    assert path.read_bytes() == b"not a directory\n"
+
+
+# -- 6. order across runs
+
+def test_what_a_run_left_goes_out_first_then_the_next_runs_input(tmp_path):
+    spool, port = tmp_path / "spool", free_port()
+    left, total = 30_000, 50_000
+    first = run(["-q", "-c", f"tcp://127.0.0.1:{port}", "--spool", str(spool),
+                 "--linger", "0.5"], numbered(1, left + 1))
+    assert first.returncode == 3, first.stderr
+    assert spooled_left(first.stderr) > 0
+    assert stat.S_IMODE(spool.stat().st_mode) == 0o700  # created private
+    receiver = Receiver(port)
+    try:
+        second = run(["-q", "-c", receiver.endpoint, "--spool", str(spool)],
+                     numbered(left + 1, total + 1))
+        receiver.wait_for(total)
+        receiver.settle(0.5)
+    finally:
+        receiver.stop()
+    assert second.returncode == 0, second.stderr
+    assert f". {left} of them a previous run left in the spool" in closing_line(second.stderr)
+    assert receiver.messages() == [f"{i:08d}" for i in range(1, total + 1)]
+    assert_spool_empty(spool)
