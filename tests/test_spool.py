@@ -528,3 +528,47 @@ def test_what_a_run_left_goes_out_first_then_the_next_runs_input(tmp_path):
     assert f". {left} of them a previous run left in the spool" in closing_line(second.stderr)
     assert receiver.messages() == [f"{i:08d}" for i in range(1, total + 1)]
     assert_spool_empty(spool)
+
+
+# -- 7. a stop while the spool is full
+
+def test_sigterm_while_the_spool_is_full_keeps_every_line_read_for_the_next_run(tmp_path):
+    """The closing words say the spool keeps what was not handed over: that
+    includes what the reader holds while it waits for room.  Stdin is a file,
+    so its offset tells what was read."""
+    source, spool, port = tmp_path / "input", tmp_path / "spool", free_port()
+    source.write_bytes(numbered(0, 100_000))
+    with open(source, "rb") as stdin:
+        proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--spool", str(spool),
+                      "--spool-bytes", str(CAP), "--linger", "0.5"], stdin=stdin)
+        try:
+            samples = []
+            sample_disk(spool, 1.5, samples, proc)
+            assert max(samples) >= CAP - CAP_RECORD, max(samples)  # full: the reader waits
+            os.kill(proc.pid, signal.SIGTERM)
+            assert proc.wait(20) == 3
+            err = proc.stderr.read()
+        finally:
+            stop_process(proc)
+        read = os.lseek(stdin.fileno(), 0, os.SEEK_CUR)
+    assert 0 < read < source.stat().st_size
+    said = re.search(rb"(\d+) messages were not handed to ZeroMQ .*; the spool keeps them", err)
+    assert said, err
+    whole, part = divmod(read, 9)
+    expected = [f"{i:08d}" for i in range(whole)] + ([f"{whole:08d}"[:part]] if part else [])
+
+    receiver = Receiver(port)
+    try:
+        with open(os.devnull, "rb") as empty:
+            second = run(["-q", "-c", receiver.endpoint, "--spool", str(spool),
+                          "--spool-bytes", str(CAP)], stdin=empty)
+        receiver.wait_for(len(expected), 5)  # it exited: delivered, or it never will be
+        receiver.settle(0.5)
+    finally:
+        receiver.stop()
+    assert second.returncode == 0, second.stderr
+    got = receiver.messages()
+    assert got == expected[:len(got)], "not a prefix of the input"
+    assert len(got) == int(said.group(1)) == len(expected), (
+        f"read {len(expected)} lines, said the spool keeps {int(said.group(1))}, "
+        f"the next run sent {len(got)}")
