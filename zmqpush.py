@@ -1134,6 +1134,7 @@ class Counters:
         self.handshake_failures = 0
         self.refused = 0
         self.events_found = 0  # read from what a previous run left in the spool
+        self.events_unspooled = 0  # read, never written to the spool (write errors)
         self.spool_corrupt = 0
 
     def not_handed(self) -> int:
@@ -1535,10 +1536,13 @@ class StdinReader:
             self._waiter.set_result(None)
 
     def stop(self):
-        """Stop reading soon; what was read (an unfinished line too) is still sent."""
+        """Stop reading soon; what was read (an unfinished line too) is still
+        sent, and with a spool kept there even past its cap."""
         self._stopping = True
         self.ended.set()
         self._wake()
+        if isinstance(self._queue, SpoolQueue):
+            self._queue.take_past_cap()
 
     def close(self):
         """Unwatch and restore the descriptor's blocking flag."""
@@ -1654,7 +1658,11 @@ class StdinReader:
             if self._drop:
                 self._counters.events_dropped += nevents
                 return
-            await queue.put(parcel)
+            try:
+                await queue.put(parcel)
+            except asyncio.CancelledError:  # the run ended while the spool could not write
+                self._counters.events_unspooled += nevents
+                raise
         if self._replies is not None:
             await self._replies.reply(True, parcel.ends_line.count(True))
 
@@ -1764,6 +1772,7 @@ class Spool:
         self._room_waiters: list = []
         self._error_until = 0.0
         self._errors_said: set = set()
+        self.past_cap = False  # set when reading stops (see SpoolQueue.take_past_cap)
         self._write_fd: int | None = None
         self._new_entry = False  # a segment was created since the last flush
         self._read_fd: int | None = None
@@ -1820,7 +1829,8 @@ class Spool:
 
     def full(self) -> bool:
         """True while append() would refuse: at the cap, or after a write error."""
-        return self.nbytes >= self.cap or time.monotonic() < self._error_until
+        return ((self.nbytes >= self.cap and not self.past_cap)
+                or time.monotonic() < self._error_until)
 
     @property
     def nbytes(self) -> int:
@@ -1838,7 +1848,7 @@ class Spool:
         record = encode_record(parcel, time.time())
         size = sum(map(len, record))
         held = self.nbytes
-        if held and held + size > self.cap:
+        if held and held + size > self.cap and not self.past_cap:
             return None
         try:
             if self._write_fd is None or self._sizes[self._starts[-1]] >= self._segment_bytes:
@@ -1927,14 +1937,15 @@ class Spool:
         retry = None
         left = self._error_until - time.monotonic()
         if left > 0:
-            retry = self._loop.call_later(left, self._wake_room)
+            retry = self._loop.call_later(left, self.wake_room)
         try:
             await waiter
         finally:
             if retry is not None:
                 retry.cancel()
 
-    def _wake_room(self):
+    def wake_room(self):
+        """Wake what waits in room()."""
         waiters, self._room_waiters = self._room_waiters, []
         for waiter in waiters:
             if not waiter.done():
@@ -1949,7 +1960,7 @@ class Spool:
             return
         self.safe = upto
         if self._delete_done():
-            self._wake_room()
+            self.wake_room()
         if self._position_timer is None:
             self._position_timer = self._loop.call_later(POSITION_DELAY, self._write_position)
 
@@ -2164,6 +2175,12 @@ class SpoolQueue(ByteQueue):
             self._counters.events_found += events
             self._found_read = parcel.end
         return parcel
+
+    def take_past_cap(self):
+        """Reading stops: what the reader still holds goes to the spool past
+        its cap (a write error still refuses), so that nothing read is lost."""
+        self._spool.past_cap = True
+        self._spool.wake_room()
 
     def rewind(self, position: int, handed_end: int):
         """Send again from position; records up to handed_end are replayed."""
@@ -3346,15 +3363,13 @@ class Shipper:
         in the spool, or not waited for with --linger 0), else 0."""
         counters, spool = self.counters, self._spool
         not_handed = counters.not_handed()
-        left = spool.end - spool.safe if spool is not None else 0
         problems = []
-        if not_handed > 0:
-            problems.append(f"{not_handed} messages were not handed to ZeroMQ within "
-                            f"--linger {self.config.linger:g}s (receiver down or too slow)"
+        if not_handed > counters.events_unspooled:
+            problems.append(f"{not_handed - counters.events_unspooled} messages were not "
+                            f"handed to ZeroMQ within --linger {self.config.linger:g}s "
+                            "(receiver down or too slow)"
                             + ("; the spool keeps them" if spool is not None else ""))
-        if left:
-            problems.append(f"{left} bytes stay in the spool {spool.directory}: "
-                            "the next run on it sends them first")
+        left = self._spool_problems(problems) if spool is not None else 0
         if self.config.linger == 0:
             if counters.events_read:
                 problems.append("--linger 0: delivery was not waited for")
@@ -3383,12 +3398,27 @@ class Shipper:
         write_stderr(closing + "\n")
         return code
 
+    def _spool_problems(self, problems: list) -> int:
+        """Add what the spool lost or keeps to problems; returns the bytes it keeps."""
+        counters, spool = self.counters, self._spool
+        if counters.events_unspooled:
+            problems.append(f"{counters.events_unspooled} messages read could not be "
+                            "written to the spool before the run ended: lost")
+        if counters.spool_corrupt:
+            problems.append(f"{counters.spool_corrupt} damaged stretches of the spool "
+                            "were skipped: their lines are lost")
+        left = spool.end - spool.safe
+        if left:
+            problems.append(f"{left} bytes stay in the spool {spool.directory}: "
+                            "the next run on it sends them first")
+        return left
+
     def _spool_closing(self, left: int) -> str:
         """The closing line's spool part: what came from a previous run, what
         was damaged, what stays."""
         counters, text = self.counters, ""
         if counters.events_found:
-            text += f". {counters.events_found} of them a previous run left in the spool"
+            text += f". Read {counters.events_found} messages a previous run left in the spool"
         if counters.spool_corrupt:
             text += f". Skipped {counters.spool_corrupt} damaged stretches of the spool"
         return text + f". Spooled: {left} bytes left in {self._spool.directory}"

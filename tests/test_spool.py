@@ -388,6 +388,9 @@ def test_damaged_and_torn_records_are_skipped_and_everything_else_arrives(tmp_pa
         receiver.stop()
     assert ". Skipped 2 damaged stretches of the spool" in closing_line(second.stderr)
     assert b"skipping a damaged or torn record" in second.stderr
+    assert b"2 damaged stretches of the spool were skipped: their lines are lost" in \
+        second.stderr
+    assert second.returncode == 3, second.stderr  # lines were lost
     assert receiver.frames == expected
     strict_docs(receiver.frames)
     assert spooled_left(second.stderr) == 0
@@ -525,7 +528,7 @@ def test_what_a_run_left_goes_out_first_then_the_next_runs_input(tmp_path):
     finally:
         receiver.stop()
     assert second.returncode == 0, second.stderr
-    assert f". {left} of them a previous run left in the spool" in closing_line(second.stderr)
+    assert f". Read {left} messages a previous run left in the spool" in closing_line(second.stderr)
     assert receiver.messages() == [f"{i:08d}" for i in range(1, total + 1)]
     assert_spool_empty(spool)
 
