@@ -2845,9 +2845,9 @@ class Sender:
         self._in_transport: collections.deque = collections.deque()
         self._written_bytes = 0
 
-    async def run(self):
+    async def run(self) -> int:
         """Send Parcels until END, then until the queue (replays) and the
-        transport buffer are empty."""
+        transport buffer are empty.  Returns the queue's rewinds by then."""
         while True:
             parcel = await self.next_parcel()
             if parcel is END:
@@ -2860,6 +2860,7 @@ class Sender:
                 break
             await self.send(parcel)
         await self.flush()
+        return self._queue.rewinds
 
     async def next_parcel(self):
         """The next Parcel (or END) from the queue; while it waits on an empty
@@ -3234,10 +3235,15 @@ class Shipper:
         delivered = await self._socket.close(max(0.0, self._deadline - time.monotonic()),
                                              bool(self._sender.buffered_bytes()), bool(handed))
         if self._spool is not None:
-            sender = self._tasks[1]
-            self._spool.close(done=delivered and sender.done() and not sender.cancelled()
-                              and sender.exception() is None)
+            self._spool.close(done=delivered and self._sent_everything())
         return self._report(delivered)
+
+    def _sent_everything(self) -> bool:
+        """The sender finished, and no receiver went away after that (whose
+        replay from the spool would then never have been sent)."""
+        sender = self._tasks[1]
+        return (sender.done() and not sender.cancelled() and sender.exception() is None
+                and sender.result() == self._queue.rewinds)
 
     def _wire(self):
         """The queue, the reader feeding it, and the sender (with its replay
