@@ -379,3 +379,27 @@ def test_heartbeat_drops_a_receiver_that_stopped_answering_and_reconnects(tmp_pa
             stop_process(proc)
         os.kill(sink.pid, signal.SIGCONT)
         stop_process(sink)
+
+
+@pytest.mark.xfail(strict=True, reason="open bug: SNDHWM lowered on a live pipe stalls "
+                   "libzmq 4.3's flow control (the receiver's activations come every "
+                   "(old SNDHWM + 1) // 2 messages read)")
+def test_large_line_after_100_short_ones_is_delivered_to_a_live_receiver(receiver):
+    """A 65,000-byte line after 100 short ones, at the default settings: its
+    parcel lowers SNDHWM to 64 while ZeroMQ counts 100 messages since the
+    receiver's last flow-control report, which it only sends every 500 read.
+    Both lines must arrive and zmqpush exit 0, with stdin open meanwhile."""
+    proc = start(["-c", receiver.endpoint, "--linger", "2"])
+    try:
+        proc.stdin.write(b"".join(b"%d\n" % i for i in range(100)))
+        proc.stdin.flush()
+        assert receiver.wait_for(100, 10) == 100
+        proc.stdin.write(b"x" * 65_000 + b"\nlast\n")
+        proc.stdin.flush()
+        time.sleep(0.5)
+        proc.stdin.close()
+        assert proc.wait(15) == 0, proc.stderr.read()
+        assert receiver.wait_for(102, 5) == 102
+        assert receiver.messages()[100:] == ["x" * 65_000, "last"]
+    finally:
+        stop_process(proc)
