@@ -1809,12 +1809,15 @@ class Spool:
         return fd
 
     def _segments(self) -> tuple:
-        """(sorted segment starts, {start: size}) of the segment files in the directory."""
+        """(sorted segment starts, {start: size}) of the segment files in the
+        directory (regular files named like segments; anything else is left be)."""
         sizes = {}
         for name in os.listdir(self.directory):
             match = SEGMENT_NAME.match(name)
             if match:
-                sizes[int(match.group(1))] = os.stat(self._path(name)).st_size
+                info = os.stat(self._path(name))
+                if stat.S_ISREG(info.st_mode):
+                    sizes[int(match.group(1))] = info.st_size
         return sorted(sizes), sizes
 
     def _segment_path(self, start: int) -> str:
@@ -1823,7 +1826,7 @@ class Spool:
     def _read_position(self) -> int:
         """The position file's offset; 0 (everything) if it is missing or damaged."""
         text = os.pread(self._position_fd, 64, 0)
-        return int(text) if re.fullmatch(rb"\d{1,20}\n", text) else 0
+        return int(text) if re.fullmatch(rb"\d{1,18}\n", text) else 0  # names keep 20 digits
 
     # -- writing
 
@@ -1977,8 +1980,8 @@ class Spool:
                 self._read_fd, self._read_start = None, -1
             try:
                 os.unlink(self._segment_path(start))
-            except FileNotFoundError:
-                pass
+            except OSError:
+                pass  # gone already, or not ours to delete: its place is released all the same
             deleted = True
         return deleted
 
