@@ -3413,9 +3413,6 @@ class Shipper:
         if counters.events_unspooled:
             problems.append(f"{counters.events_unspooled} messages read could not be "
                             "written to the spool before the run ended: lost")
-        if counters.spool_corrupt:
-            problems.append(f"{counters.spool_corrupt} damaged stretches of the spool "
-                            "were skipped: their lines are lost")
         left = spool.end - spool.safe
         if left:
             problems.append(f"{left} bytes stay in the spool {spool.directory}: "
