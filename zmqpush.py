@@ -39,6 +39,7 @@ import stat
 import struct
 import sys
 import termios
+import threading
 import time
 from codecs import utf_8_decode as _utf8_decode
 from typing import NamedTuple
@@ -80,8 +81,10 @@ REPLAY_BATCH_ZMQ_BYTES = 1 << 20
 # The window is emptied after two checks this far apart, while the sender is
 # idle, both finding no backpressure and empty kernel send queues.
 REPLAY_QUIET = 0.5
-# Default mode: SNDHWM is lowered for large messages so ZeroMQ holds about this much.
+# Default mode: ZeroMQ's queue holds about this much, checked at tracked
+# messages (checkpoints) this far apart (see ZeroMQHeld).
 PIPE_BYTES = 4 << 20
+CHECKPOINT_BYTES = PIPE_BYTES // 8
 # Worst-case memory (README "Flow control and memory"), measured: the interpreter
 # and libraries, plus what each setting can hold; settings over --memory-bytes
 # are refused.
@@ -326,8 +329,8 @@ def _delivery_options(g):
                    f"{DEFAULT_MEMORY_BYTES})")
     g.add_argument("--sndhwm", type=_integer(1, MAX_SNDHWM), metavar="N",
                    help="ZeroMQ send high-water mark in messages per receiver (default "
-                   f"{DEFAULT_SNDHWM}, lowered for large messages so that ZeroMQ holds "
-                   f"about {PIPE_BYTES >> 20} MiB; with --batch, derived from the array size)")
+                   f"{DEFAULT_SNDHWM}; in default mode ZeroMQ also holds at most about "
+                   f"{PIPE_BYTES >> 20} MiB; with --batch, derived from the array size)")
     g.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
                    help="aiozmq transport watermarks in bytes (default "
                    f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
@@ -2803,6 +2806,78 @@ class SpoolWindow(ReplayWindow):
         return []
 
 
+class ZeroMQHeld:
+    """What ZeroMQ's queue holds, in bytes: SNDHWM counts messages, and a
+    sender ahead of a slow receiver must not let ZeroMQ hold SNDHWM large ones.
+
+    Every CHECKPOINT_BYTES handed, the first messages of a Parcel, one for each
+    receiver ZeroMQ may queue for, go zero-copy with a tracker: a checkpoint.
+    ZeroMQ frees a message once it is in the kernel (or its receiver is gone),
+    and each receiver's queue is first in, first out, so once a checkpoint is
+    done, nothing handed before it is still queued.  Parcels wait (room()) while
+    what was handed since the oldest checkpoint not done passes
+    PIPE_BYTES - CHECKPOINT_BYTES: ZeroMQ holds at most about PIPE_BYTES plus
+    one Parcel.  (Lowering SNDHWM instead stalls libzmq 4.3 for good: see
+    Sender.)  Owns the checkpoints: (bytes handed before, trackers), oldest
+    first."""
+
+    def __init__(self, frame, send_frame, flags: int, receivers):
+        self._frame, self._send_frame, self._flags = frame, send_frame, flags
+        self._receivers = receivers  # how many receivers ZeroMQ may queue for now
+        self._checkpoints: collections.deque = collections.deque()
+        self._handed = 0  # bytes (Parcel.nbytes) handed in all
+        self._since = 0  # of which since the newest checkpoint
+
+    def over(self, nbytes: int) -> bool:
+        """Whether handing nbytes more would pass the bound."""
+        checkpoints = self._checkpoints
+        while checkpoints and all(tracker.done for tracker in checkpoints[0][1]):
+            checkpoints.popleft()
+        return bool(checkpoints) and (self._handed + nbytes - checkpoints[0][0]
+                                      > PIPE_BYTES - CHECKPOINT_BYTES)
+
+    async def room(self):
+        """Wait until what was handed since the oldest checkpoint not done is
+        half the bound at most, so a sender ahead of its receiver waits once
+        per about PIPE_BYTES / 2.  A daemon thread waits on each tracker (it
+        has no descriptor) and wakes the loop."""
+        loop = asyncio.get_running_loop()
+        while self.over((PIPE_BYTES - CHECKPOINT_BYTES) // 2):
+            tracker = next(t for t in self._checkpoints[0][1] if not t.done)
+            done = loop.create_future()
+            threading.Thread(target=self._wait_and_wake, args=(tracker, loop, done),
+                             name="zmqpush-checkpoint", daemon=True).start()
+            await done
+
+    @staticmethod
+    def _wait_and_wake(tracker, loop, done):
+        tracker.wait()
+        try:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def checkpoint(self, parcel: Parcel) -> int:
+        """How many of parcel's first messages make a checkpoint (0: none is due)."""
+        if self._since + parcel.nbytes < CHECKPOINT_BYTES:
+            return 0
+        self._since = -parcel.nbytes
+        self._checkpoints.append((self._handed, []))
+        return min(len(parcel.messages), max(1, self._receivers()))
+
+    def send_tracked(self, message: bytes):
+        """Hand message over zero-copy, tracked in the newest checkpoint
+        (raises zmq.Again: then that checkpoint has one receiver fewer)."""
+        frame = self._frame(message, copy=False, track=True)
+        self._send_frame(frame, self._flags, copy=False)
+        self._checkpoints[-1][1].append(frame.tracker)
+
+    def handed(self, nbytes: int):
+        """A Parcel of nbytes was handed over."""
+        self._handed += nbytes
+        self._since += nbytes
+
+
 class Sender:
     """Flow control: takes Parcels from the queue and hands their messages to
     ZeroMQ, in order, keeping each handed Parcel in the ReplayWindow.
@@ -2820,10 +2895,12 @@ class Sender:
     the cost of a direct send: hence the default low watermark of 0 (spill only
     the refused message) and the backend's send, which skips pyzmq's wrapper.
 
-    ZeroMQ's own queue counts messages, not bytes: for a Parcel with large
-    messages SNDHWM is lowered so that the queue holds about PIPE_BYTES of them
-    (in batch mode arrays are capped instead).  It is never raised again:
-    raising it on a live pipe was seen to stall libzmq 4.3's flow control.
+    ZeroMQ's own queue counts messages, not bytes, and SNDHWM is never changed
+    on a live socket: libzmq 4.3 acknowledges reads every (SNDHWM + 1) // 2
+    messages, counted modulo the mark in force, so a mark lowered below what
+    was sent since the last acknowledgement stalls the pipe for good.  In
+    default mode ZeroMQHeld bounds ZeroMQ's queue in bytes instead; in batch
+    mode the arrays are capped.
     """
 
     def __init__(self, stream, queue: ByteQueue, counters: Counters, window: ReplayWindow,
@@ -2831,7 +2908,7 @@ class Sender:
         import zmq
         self._again = zmq.Again
         self._dontwait = zmq.DONTWAIT
-        self._sndhwm_option = zmq.SNDHWM
+        self._frame = zmq.Frame
         self._stream = stream
         self._transport = stream.transport
         self._sock = stream.transport.get_extra_info("zmq_socket")
@@ -2840,8 +2917,9 @@ class Sender:
         self._queue = queue
         self._counters = counters
         self.window = window
-        self._sndhwm = self._most_sndhwm = config.sndhwm
-        self._fit_pipe = not config.batch
+        self._held = None if config.batch else ZeroMQHeld(
+            self._frame, self._send_frame, self._dontwait,
+            lambda: len(config.connect) + (counters.connected if config.bind else 0))
         self._current: Parcel | None = None
         self._handed = 0  # messages of _current handed to ZeroMQ so far
         # (bytes written to the transport so far, events in that message, replayed)
@@ -2886,10 +2964,14 @@ class Sender:
         self._current, self._handed = parcel, 0
         messages, events = parcel.messages, parcel.events
         rewinds = self._queue.rewinds
-        if self._fit_pipe and parcel.nbytes * self._sndhwm > PIPE_BYTES:
-            self._fit_sndhwm(messages)  # (else no message is large enough to lower it)
+        held, tracked = self._held, 0
+        if held is not None:
+            if held.over(parcel.nbytes):
+                self.window.pressed()
+                await held.room()
+            tracked = held.checkpoint(parcel)
         while self._handed < len(messages):
-            sent = self.send_now(messages, events, self._handed, parcel.replayed)
+            sent = self.send_now(messages, events, self._handed, parcel.replayed, tracked)
             self._handed = sent
             if sent < len(messages):
                 self.window.pressed()
@@ -2899,6 +2981,8 @@ class Sender:
                 if self._queue.rewinds != rewinds:
                     self._leave(parcel)
                     return
+        if held is not None:
+            held.handed(parcel.nbytes)
         self._current = None
         self.window.add(parcel)
 
@@ -2920,20 +3004,16 @@ class Sender:
                                 events=current.events[:handed],
                                 ends_line=current.ends_line[:handed])
 
-    def _fit_sndhwm(self, messages: list):
-        """Lower SNDHWM so that ZeroMQ holds about PIPE_BYTES of messages this large."""
-        largest = max(map(len, messages), default=1)
-        want = max(1, min(self._most_sndhwm, PIPE_BYTES // max(1, largest)))
-        if want < self._sndhwm:
-            self._sock.setsockopt(self._sndhwm_option, want)
-            self._sndhwm = want
-
     def send_now(self, messages: list, events: list, first: int,
-                 replayed: bool = False) -> int:
-        """Send from messages[first] on until ZeroMQ would block; returns the next index."""
+                 replayed: bool = False, tracked: int = 0) -> int:
+        """Send from messages[first] on until ZeroMQ would block, those before
+        messages[tracked] as a checkpoint (see ZeroMQHeld); returns the next index."""
         send, flags, sent = self._send_frame, self._dontwait, first
         try:
-            for message in messages[first:] if first else messages:
+            while sent < tracked:
+                self._held.send_tracked(messages[sent])
+                sent += 1
+            for message in messages[sent:] if sent else messages:
                 send(message, flags)
                 sent += 1
         except self._again:

@@ -1,5 +1,7 @@
 """Issue 10, item 5: at the default settings memory stays under 64 MiB RSS whatever
 the shape of the input; settings whose worst case exceeds --memory-bytes are refused."""
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -232,3 +234,44 @@ def test_a_receiver_killed_every_0_3_s_keeps_peak_rss_under_64_mib_and_loses_not
     assert written[0] > 0 and restarts >= FLAP_SECONDS / FLAP_INTERVAL / 2
     assert not set(range(written[0])) - got
     assert peak < 64 * 1024, peak
+
+
+
+def test_large_lines_for_a_stopped_receiver_stay_under_64_mib():
+    """2,000 lines of 60 KB (120 MB) for a receiver that is connected but stopped
+    (SIGSTOP) for 4 s: ZeroMQ must not queue SNDHWM (1,000) of them, 60 MB, but
+    about 4 MiB.  Peak RSS stays under 64 MiB, and every line arrives once the
+    receiver goes on."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    data = b"".join(b"%d " % i + b"z" * 60_000 + b"\n" for i in range(2_000))
+    sink = subprocess.Popen([sys.executable, SINK, "--bind", endpoint, "--quiet",
+                             "--idle", "10"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cli("-q", "-c", endpoint, "--linger", "30"), stdin=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env_with(None))
+    try:
+        proc.stdin.write(data[:61_000])  # the first line, to see the receiver connected
+        proc.stdin.flush()
+        time.sleep(1)
+        os.kill(sink.pid, signal.SIGSTOP)
+        writer = threading.Thread(target=feed, args=(proc, data[61_000:]), daemon=True)
+        writer.start()
+        peak = 0
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            peak = max(peak, peak_rss_kib(proc.pid))
+            time.sleep(0.01)
+        os.kill(sink.pid, signal.SIGCONT)
+        while proc.poll() is None:
+            peak = max(peak, peak_rss_kib(proc.pid))
+            time.sleep(0.01)
+        writer.join(10)
+        summary = sink.communicate(timeout=60)[0].split()
+    finally:
+        for p in (proc, sink):
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.wait(10)
+    assert proc.returncode == 0
+    assert summary[:2] == ["received", "2000"] and summary[3:5] == ["(0", "invalid)"], summary
+    assert 0 < peak < 64 * 1024, peak
