@@ -1828,8 +1828,8 @@ class Spool:
 
     def _read_position(self) -> int:
         """The position file's offset; 0 (everything) if it is missing or damaged."""
-        text = os.pread(self._position_fd, 64, 0)
-        return int(text) if re.fullmatch(rb"\d{1,18}\n", text) else 0  # names keep 20 digits
+        found = re.fullmatch(rb"0*(\d{1,18})\n", os.pread(self._position_fd, 64, 0))
+        return int(found[1]) if found else 0  # (as written: 20 digits, like segment names)
 
     # -- writing
 

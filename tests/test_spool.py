@@ -572,3 +572,55 @@ def test_sigterm_while_the_spool_is_full_keeps_every_line_read_for_the_next_run(
     assert len(got) == int(said.group(1)) == len(expected), (
         f"read {len(expected)} lines, said the spool keeps {int(said.group(1))}, "
         f"the next run sent {len(got)}")
+
+
+# -- 8. the position file
+
+def position(spool: Path) -> int:
+    try:
+        return int((spool / "position").read_bytes() or b"0")
+    except (OSError, ValueError):
+        return 0
+
+
+def position_inside_a_segment(spool: Path) -> bool:
+    """Whether a segment holds records before the position and after it."""
+    at = position(spool)
+    return any(int(p.stem) < at < int(p.stem) + p.stat().st_size for p in segments(spool))
+
+def test_after_a_sigkill_a_new_run_starts_from_the_position_not_from_its_segment(
+        tmp_path, receiver):
+    """Lines delivered while a trickle keeps the replay window from emptying
+    (256 KiB here, a quarter of the cap; 128 KiB segments): after a SIGKILL the
+    next run sends again exactly the records from the position file on, not
+    the whole segment the position lies in."""
+    spool = tmp_path / "spool"
+    proc = start(["-q", "-c", receiver.endpoint, "--spool", str(spool),
+                  "--spool-bytes", str(MIB)])
+    try:
+        for first in range(0, 20_000, 200):  # small records, so a segment holds many
+            proc.stdin.write(numbered(first, first + 200))
+            proc.stdin.flush()
+            time.sleep(0.002)
+        deadline, sent = time.monotonic() + 15, 20_000
+        while time.monotonic() < deadline and not position_inside_a_segment(spool):
+            proc.stdin.write(numbered(sent, sent + 1))  # less than a line in 1 s is quiet
+            proc.stdin.flush()
+            sent += 1
+            time.sleep(0.2)
+        assert receiver.wait_for(sent) == sent
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        stop_process(proc)
+    assert position_inside_a_segment(spool)
+    at = position(spool)
+    resent = [m for path in segments(spool) for start, _, ms in records(path.read_bytes())
+              if int(path.stem) + start >= at for m in ms]
+    assert 0 < len(resent) < len(spooled_frames(spool))
+    second = run(["-q", "-c", receiver.endpoint, "--spool", str(spool)], b"")
+    assert second.returncode == 0, second.stderr
+    assert (f". Read {len(resent)} messages a previous run left in the spool"
+            in closing_line(second.stderr)), second.stderr
+    receiver.settle(0.5)
+    assert receiver.messages()[sent:] == [json.loads(m)["message"] for m in resent]
