@@ -236,6 +236,16 @@ def _integer(low: int, high: int | None = None):
     return integer
 
 
+def _directory(text: str) -> str:
+    """An argparse type: a path that is not empty."""
+    if not text:
+        raise ValueError(text)
+    return text
+
+
+_directory.__name__ = "directory (not empty)"
+
+
 def _seconds(low: float = 0, high: float = MAX_SECONDS, off: bool = False):
     """An argparse type: seconds from low to high; 0 too when off (it means "off")."""
     def seconds(text: str) -> float:
@@ -419,7 +429,7 @@ _spool_sync.__name__ = '"write", "never" or ' + _sync_seconds.__name__
 
 
 def _spool_options(g):
-    g.add_argument("--spool", metavar="DIR",
+    g.add_argument("--spool", type=_directory, metavar="DIR",
                    help="keep every line read in a disk spool in DIR (created if "
                    "missing) until it is sent: input never waits for a receiver "
                    "while the spool has room, and a new run on DIR sends what a "
@@ -1783,13 +1793,14 @@ class Spool:
         try:
             os.makedirs(directory, 0o700, exist_ok=True)
             self._lock_fd = self._lock()
-            self._position_fd = os.open(self._path("position"), os.O_RDWR | os.O_CREAT, 0o600)
+            self._position_fd = os.open(self._path("position"),
+                                        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             self._starts, self._sizes = self._segments()
+            self.safe = self._read_position()
         except OSError as exc:
             raise SpoolError(f"cannot use --spool {directory}: "
                              f"{exc.strerror or exc}") from None
         last = self._starts[-1] + self._sizes[self._starts[-1]] if self._starts else 0
-        self.safe = self._read_position()
         self.end = max(self.safe, last)
         self.found = self.end  # what a previous run left lies before this
         self._delete_done()
@@ -1799,7 +1810,7 @@ class Spool:
 
     def _lock(self) -> int:
         """The lock file's descriptor, flock()ed; SpoolError if another run holds it."""
-        fd = os.open(self._path("lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self._path("lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -1877,7 +1888,8 @@ class Spool:
     def _open_segment(self):
         """Flush and close the segment being written, if any; start one at end."""
         self._close_segment()
-        fd = os.open(self._segment_path(self.end), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        fd = os.open(self._segment_path(self.end),
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
                      0o600)
         self._write_fd = fd
         if not self._starts or self._starts[-1] != self.end:
@@ -2008,31 +2020,36 @@ class Spool:
             return None, later[0] if later else self.end
         start = self._starts[index]
         limit = start + self._sizes[start]
-        parcel = self._record_at(start, position, limit)
-        if parcel is not None:
-            return parcel, parcel.end
+        try:
+            parcel = self._record_at(start, position, limit)
+            if parcel is not None:
+                return parcel, parcel.end
+            nxt = self._next_good(start, position + 1, limit)
+        except FileNotFoundError:  # deleted by someone else: its lines are gone
+            parcel, nxt = None, limit
+        except OSError as exc:
+            raise SpoolError(f"spool {self.directory}: cannot read segment {start:020d} "
+                             f"({exc.strerror or exc}): stopping; the spool keeps it "
+                             "for the next run") from None
         self._counters.spool_corrupt += 1
         if self._counters.spool_corrupt == 1:
             warn(f"spool {self.directory}: skipping a damaged or torn record "
                  f"(segment {start:020d}, offset {position - start}); "
                  "further ones are only counted")
-        return None, self._next_good(start, position + 1, limit)
+        return None, nxt
 
     def _record_at(self, start: int, position: int, limit: int) -> Parcel | None:
         """The good record at position of segment start, else None."""
         import zlib
-        try:
-            fd = self._reader(start)
-            header = os.pread(fd, SPOOL_HEADER.size, position - start)
-            if len(header) < SPOOL_HEADER.size:
-                return None
-            magic, length, crc, _ = SPOOL_HEADER.unpack(header)
-            end = position + SPOOL_HEADER.size + length
-            if magic != SPOOL_MAGIC or end > limit:
-                return None
-            payload = os.pread(fd, length, position - start + SPOOL_HEADER.size)
-        except OSError:
+        fd = self._reader(start)
+        header = os.pread(fd, SPOOL_HEADER.size, position - start)
+        if len(header) < SPOOL_HEADER.size:
             return None
+        magic, length, crc, _ = SPOOL_HEADER.unpack(header)
+        end = position + SPOOL_HEADER.size + length
+        if magic != SPOOL_MAGIC or end > limit:
+            return None
+        payload = os.pread(fd, length, position - start + SPOOL_HEADER.size)
         if len(payload) < length or zlib.crc32(payload, zlib.crc32(header[12:])) != crc:
             return None
         decoded = decode_payload(payload)
@@ -2043,10 +2060,7 @@ class Spool:
 
     def _next_good(self, start: int, position: int, limit: int) -> int:
         """The first good record of segment start from position on, else limit."""
-        try:
-            fd = self._reader(start)
-        except OSError:
-            return limit
+        fd = self._reader(start)
         while position < limit:
             chunk = os.pread(fd, min(SCAN_BYTES, limit - position), position - start)
             if not chunk:
@@ -2154,6 +2168,15 @@ class SpoolQueue(ByteQueue):
 
     def full(self) -> bool:
         return self._spool.full()
+
+    async def get(self):
+        """Queue.get(), except that damage read to the spool's end (which
+        empty() counted as something) means waiting on, not QueueEmpty."""
+        while True:
+            try:
+                return await super().get()
+            except asyncio.QueueEmpty:
+                continue
 
     def get_nowait(self):
         """The next Parcel from memory, else from the spool; END once, after
@@ -2949,7 +2972,10 @@ class Sender:
         quiet checks run then)."""
         queue = self._queue
         if not queue.empty():
-            return queue.get_nowait()
+            try:
+                return queue.get_nowait()
+            except asyncio.QueueEmpty:  # a spool's damage, read to its end, held nothing
+                pass
         if not self._transport.get_write_buffer_size():
             self.window.sender_idle()
         parcel = await queue.get()

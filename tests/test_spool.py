@@ -624,3 +624,31 @@ def test_after_a_sigkill_a_new_run_starts_from_the_position_not_from_its_segment
             in closing_line(second.stderr)), second.stderr
     receiver.settle(0.5)
     assert receiver.messages()[sent:] == [json.loads(m)["message"] for m in resent]
+
+
+def test_a_torn_last_record_with_input_still_open_is_skipped_and_new_lines_go_out(tmp_path):
+    """The damage found at the spool's very end while stdin is still open (the
+    end of input not yet come): the sender waits for new input, not fails."""
+    spool, port = tmp_path / "spool", free_port()
+    first = run(["-q", "-c", f"tcp://127.0.0.1:{port}", "--spool", str(spool),
+                 "--linger", "0"], numbered(0, 1000))
+    assert first.returncode == 3, first.stderr
+    last = segments(spool)[-1]
+    whole = records(last.read_bytes())
+    os.truncate(last, whole[-1][0] + 30)  # the newest record torn
+    kept = [json.loads(m)["message"] for _, _, ms in whole[:-1] for m in ms]
+    receiver = Receiver(port)
+    try:
+        second = start(["-q", "-c", receiver.endpoint, "--spool", str(spool)])
+        assert receiver.wait_for(len(kept), 10) == len(kept)
+        time.sleep(0.5)
+        assert second.poll() is None, second.stderr.read()
+        second.stdin.write(b"new\n")
+        second.stdin.close()
+        assert second.wait(20) == 0, second.stderr.read()
+        receiver.wait_for(len(kept) + 1)
+        receiver.settle(0.3)
+    finally:
+        stop_process(second)
+        receiver.stop()
+    assert receiver.messages() == [*kept, "new"]
