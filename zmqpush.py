@@ -995,7 +995,8 @@ def escape_utf8_lines(lines: bytes) -> bytes:
     Invalid UTF-8 becomes U+FFFD (see valid_utf8); only the special bytes that
     occur cost a pass each.
     """
-    lines = valid_utf8(lines)
+    if not lines.isascii():
+        lines = valid_utf8(lines)
     if len(lines) <= SMALL_INPUT and lines.translate(_SPECIAL_TO_NEWLINE) is lines:
         return lines  # nothing to escape, told without building a deletion table
     present = lines.translate(None, _NOT_SPECIAL)
@@ -1032,7 +1033,8 @@ class Encoder:
         self._run_id = run_id
         self._sequence = 0
         self._plain = not (batch or timestamp or run_id is not None)
-        self._between = self._tail + b"}" + _MESSAGE_MARK + self._head
+        self._closed = self._tail + b"}"
+        self._between = self._closed + _MESSAGE_MARK + self._head
 
     def encode(self, lines: bytes, strip_cr: bool = True, continues: bool = False,
                read_at: float = 0.0) -> tuple:
@@ -1048,7 +1050,7 @@ class Encoder:
         if self._plain and not continues:  # the common case: tails made once
             escaped = escape_utf8_lines(lines)
             if escaped.find(b"\n") == len(escaped) - 1:
-                return self._one(escaped, self._tail + b"}")
+                return self._one(escaped, self._closed)
             return self._split((self._head + escaped).replace(b"\n", self._between))
         tail = self._tail
         if self._timestamp:
@@ -1069,8 +1071,10 @@ class Encoder:
             b"\n", tail + _MESSAGE_MARK + self._head))
 
     def _one(self, escaped: bytes, tail: bytes) -> tuple:
-        """One escaped line as its message: one copy of it, not three (a line
-        of megabytes is copied once)."""
+        """One escaped line as its message: one copy of a long line, not three
+        (a line of megabytes is copied once); a short one in the fewest steps."""
+        if len(escaped) <= SMALL_INPUT and not self._batch:
+            return [(self._head + escaped).replace(b"\n", tail)], [1]
         view = memoryview(escaped)[:-1]
         return [b"".join((b"[", self._head, view, tail, b"]") if self._batch
                          else (self._head, view, tail))], [1]
@@ -1155,6 +1159,11 @@ class Counters:
         return self.events_read - self.events_dropped - self.events_handed
 
 
+# Builds a NamedTuple from all its fields without its __new__, a Python-level
+# call: Segments and Parcels are made for every line that trickles in.
+_new_tuple = tuple.__new__
+
+
 class Segment(NamedTuple):
     """A run of complete lines, or one piece of an over-long line."""
 
@@ -1186,7 +1195,8 @@ class LineFramer:
         """Segments completed by data, in order."""
         newline = data.rfind(b"\n")
         if 0 <= newline == len(data) - 1 and newline <= self._lone and not self._pending:
-            return [Segment(data)]  # whole short lines, nothing held: the common read
+            return [_new_tuple(Segment, (data, True, False))]  # the common read: whole
+            # short lines, nothing held
         if newline < 0:
             self._pending += data
             return self._split_pending()
@@ -1329,7 +1339,7 @@ PARCEL_OVERHEAD = 512
 def parcel_of(messages: list, events: list, ends_line: list, replayed: bool = False) -> Parcel:
     """A Parcel of these messages, with its memory cost."""
     nbytes = sum(map(len, messages)) + MESSAGE_OVERHEAD * len(messages) + PARCEL_OVERHEAD
-    return Parcel(messages, events, ends_line, nbytes, replayed)
+    return _new_tuple(Parcel, (messages, events, ends_line, nbytes, replayed, 0, 0))
 
 
 def replay_parcels(parcels: list, limit: int) -> list:
@@ -1378,6 +1388,7 @@ class ByteQueue(asyncio.Queue):
     def _init(self, maxsize):
         super()._init(maxsize)
         self.nbytes = 0
+        self.bound = maxsize
         self.rewinds = 0  # see SpoolQueue
 
     def put_nowait(self, item):
@@ -1406,7 +1417,7 @@ class ByteQueue(asyncio.Queue):
         self._wakeup_next(self._getters)
 
     def full(self) -> bool:
-        return self.nbytes >= self.maxsize
+        return self.nbytes >= self.bound
 
     def events(self) -> int:
         """Events waiting in the queue."""
@@ -1511,6 +1522,7 @@ class StdinReader:
         self._queue = queue
         self._replies = replies  # --confirm with a spool: answered once spooled
         if isinstance(queue, SpoolQueue):
+            self._queue_nowait = self._spool_later
             self._queue_parcel = self._spool_parcel
         self._encoder = encoder
         self._framer = framer
@@ -1578,7 +1590,10 @@ class StdinReader:
             if not turned:
                 await asyncio.sleep(0)
             try:
-                data, waited = await self._read()
+                data = self._read_ready()
+                waited = data is None
+                if waited:
+                    data = await self._read_after_wait()
             except OSError as exc:
                 failure = exc
                 break
@@ -1597,28 +1612,33 @@ class StdinReader:
         if failure is not None:
             raise InputError(failure.strerror or str(failure)) from failure
 
-    async def _read(self) -> tuple:
-        """(the next bytes of stdin, whether it waited for them): waits on epoll
-        when none are ready.  The bytes are b"" at EOF or when stopped.
+    def _read_ready(self) -> bytes | None:
+        """The next bytes of stdin if some are ready (b"" at EOF), else None.
 
         After a read that did not fill what it asked for, the next asks for at
         most SLOW_READ_BYTES (until one fills that): malloc serves a buffer that
         small from its heap, while one of the full read size is mapped, shrunk
         and unmapped again for every line that trickles in."""
-        waited = False
+        try:
+            return os.read(self._fd, self._asking)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                return b""
+            raise
+
+    async def _read_after_wait(self) -> bytes:
+        """The next bytes of stdin, waiting on epoll for them; b"" at EOF or
+        when stopped."""
         while not self._stopping:
-            try:
-                return os.read(self._fd, self._asking), waited
-            except BlockingIOError:
-                self._waiter = self._loop.create_future()
-                await self._waiter
-                self._waiter = None
-                waited = True
-            except OSError as exc:
-                if exc.errno == errno.EIO:
-                    return b"", waited
-                raise
-        return b"", waited
+            self._waiter = self._loop.create_future()
+            await self._waiter
+            self._waiter = None
+            data = self._read_ready()
+            if data is not None:
+                return data
+        return b""
 
     async def _hand_over(self, segments: list, nread: int):
         """Encode segments and queue them as Parcels of about ENCODE_LINES
@@ -1632,7 +1652,9 @@ class StdinReader:
             if seg.continues:
                 self._counters.pieces += 1
                 ends[-1] = False
-            await self._queue_parcel(parcel_of(messages, events, ends), sum(events))
+            parcel, nevents = parcel_of(messages, events, ends), sum(events)
+            if not self._queue_nowait(parcel, nevents):  # _put(), without a coroutine
+                await self._queue_parcel(parcel, nevents)
             return
         messages, events, ends = [], [], []
         lines = 0
@@ -1645,21 +1667,39 @@ class StdinReader:
             self._counters.pieces += seg.continues
             lines += sum(counts)
             if lines >= ENCODE_LINES:
-                await self._queue_parcel(parcel_of(messages, events, ends), lines)
+                await self._put(parcel_of(messages, events, ends), lines)
                 messages, events, ends = [], [], []
                 lines = 0
         if messages:
-            await self._queue_parcel(parcel_of(messages, events, ends), lines)
+            await self._put(parcel_of(messages, events, ends), lines)
 
-    async def _queue_parcel(self, parcel: Parcel, nevents: int):
+    async def _put(self, parcel: Parcel, nevents: int):
+        """Queue parcel (of nevents read), or drop it: see _queue_nowait()."""
+        if not self._queue_nowait(parcel, nevents):
+            await self._queue_parcel(parcel, nevents)
+
+    def _queue_nowait(self, parcel: Parcel, nevents: int) -> bool:
+        """Count parcel's events read and queue it, or drop them while the
+        queue is full and the policy is "drop": True.  False when it must
+        wait for room: then _queue_parcel() queues it.  (With a spool, always
+        False: _spool_parcel() takes every Parcel.)"""
         self._counters.events_read += nevents
         queue = self._queue
-        if queue.nbytes < queue.maxsize:
+        if queue.nbytes < queue.bound:
             queue.put_nowait(parcel)
         elif self._drop:
             self._counters.events_dropped += nevents
         else:
-            await queue.put(parcel)
+            return False
+        return True
+
+    async def _queue_parcel(self, parcel: Parcel, nevents: int):
+        """Queue parcel, counted read by _queue_nowait(), once there is room."""
+        await self._queue.put(parcel)
+
+    @staticmethod
+    def _spool_later(parcel: Parcel, nevents: int) -> bool:
+        return False
 
     async def _spool_parcel(self, parcel: Parcel, nevents: int):
         """_queue_parcel with a spool: the spool takes the Parcel or, when it is
@@ -2146,7 +2186,7 @@ class SpoolQueue(ByteQueue):
         placed = spool.append(parcel)
         if placed is None:
             return False
-        if caught_up and self.nbytes < self.maxsize:
+        if caught_up and self.nbytes < self.bound:
             ByteQueue.put_nowait(self, placed)
             self.cursor = placed.end
         elif self._getters:
@@ -2851,6 +2891,11 @@ class ZeroMQHeld:
         self._handed = 0  # bytes (Parcel.nbytes) handed in all
         self._since = 0  # of which since the newest checkpoint
 
+    def due(self, nbytes: int) -> bool:
+        """Whether a Parcel of nbytes needs over() and checkpoint(): a
+        checkpoint is due, or one is not known to be done."""
+        return bool(self._checkpoints) or self._since + nbytes >= CHECKPOINT_BYTES
+
     def over(self, nbytes: int) -> bool:
         """Whether handing nbytes more would pass the bound."""
         checkpoints = self._checkpoints
@@ -2956,13 +3001,15 @@ class Sender:
             parcel = await self.next_parcel()
             if parcel is END:
                 break
-            await self.send(parcel)
+            if not self.send_at_once(parcel):
+                await self.send(parcel)
         while True:
             try:
                 parcel = self._queue.get_nowait()
             except asyncio.QueueEmpty:
                 break
-            await self.send(parcel)
+            if not self.send_at_once(parcel):
+                await self.send(parcel)
         await self.flush()
         return self._queue.rewinds
 
@@ -2982,16 +3029,32 @@ class Sender:
         self.window.sender_busy()
         return parcel
 
+    def send_at_once(self, parcel: Parcel) -> bool:
+        """Hand all of parcel over and keep it in the replay window, if that
+        needs no wait: no checkpoint is due (see ZeroMQHeld) and ZeroMQ takes
+        every message.  Otherwise False, and send() goes on from what was
+        handed.  (The common case at any rate, done without a coroutine.)"""
+        held = self._held
+        self._current = parcel
+        if held is not None and held.due(parcel.nbytes):
+            self._handed = 0
+            return False
+        self._handed = self.send_now(parcel.messages, parcel.events, 0, parcel.replayed)
+        if self._handed < len(parcel.messages):
+            return False
+        self._sent(parcel)
+        return True
+
     async def send(self, parcel: Parcel):
-        """Hand all of parcel's messages over in order (waits while ZeroMQ would
-        block), then keep parcel in the replay window.  If the queue was
-        rewound meanwhile (a spool's replay), the rest of parcel is left: the
-        rewound queue gives all of it again."""
-        self._current, self._handed = parcel, 0
+        """Hand the rest of parcel's messages over in order, after
+        send_at_once() (waits while ZeroMQ would block), then keep parcel in
+        the replay window.  If the queue was rewound meanwhile (a spool's
+        replay), the rest of parcel is left: the rewound queue gives all of it
+        again."""
         messages, events = parcel.messages, parcel.events
         rewinds = self._queue.rewinds
         held, tracked = self._held, 0
-        if held is not None:
+        if not self._handed and held is not None and held.due(parcel.nbytes):
             if held.over(parcel.nbytes):
                 self.window.pressed()
                 await held.room()
@@ -3007,8 +3070,12 @@ class Sender:
                 if self._queue.rewinds != rewinds:
                     self._leave(parcel)
                     return
-        if held is not None:
-            held.handed(parcel.nbytes)
+        self._sent(parcel)
+
+    def _sent(self, parcel: Parcel):
+        """All of parcel was handed to ZeroMQ."""
+        if self._held is not None:
+            self._held.handed(parcel.nbytes)
         self._current = None
         self.window.add(parcel)
 
@@ -3044,7 +3111,10 @@ class Sender:
                 sent += 1
         except self._again:
             pass
-        self._count_handed(sum(events[first:sent]), replayed)
+        if replayed:
+            self._counters.events_replayed += sum(events[first:sent])
+        else:
+            self._counters.events_handed += sum(events[first:sent])
         return sent
 
     def _count_handed(self, events: int, replayed: bool):

@@ -7,7 +7,10 @@ so the rate is exact: 100 and 1,000 lines/s with one os.write() per line, 10,000
 lines/s with 10 lines per write (1,000 writes/s).  Each shipper (zmqpush -q, the
 naive loop bench/naive.py, C bench/cship.c one message per line, optionally
 zmqpush --batch) sends to one C counting receiver (bench/ccount.c), which must
-count every line fed.
+count every line fed.  Two yardsticks run beside them (bench/skeleton.py): the
+design's shape with none of zmqpush's work ("skeleton": uvloop, the epoll
+reader coroutine, an asyncio.Queue, the sender coroutine), and the cheapest
+asyncio program for the job ("bare asyncio": one coroutine woken by the loop).
 
 Measured: the shipper's own CPU over the steady window only, from /proc/PID/stat
 utime+stime (all its threads; 10 ms ticks) read 1 s after the feeder starts
@@ -129,6 +132,8 @@ def main() -> int:
         "zmqpush": [args.python, args.zmqpush, "-q", "-c", "ENDPOINT"],
         "naive": [args.python, str(HERE / "naive.py"), "ENDPOINT"],
         "C": [build("cship"), "ENDPOINT"],
+        "skeleton": [args.python, str(HERE / "skeleton.py"), "ENDPOINT"],
+        "bare asyncio": [args.python, str(HERE / "skeleton.py"), "--bare", "ENDPOINT"],
     }
     if args.batch:
         shippers["zmqpush --batch"] = [args.python, args.zmqpush, "-q", "--batch",
@@ -150,13 +155,15 @@ def main() -> int:
           f"{os.cpu_count()} CPUs, zmqpush {args.zmqpush}\n")
     names = list(shippers)
     print("| lines/s | writes/s | " + " | ".join(f"{n} %CPU" for n in names)
-          + " | zmqpush/naive | zmqpush/C |")
-    print("|---:|---:|" + "---:|" * (len(names) + 2))
+          + " | zmqpush/naive | zmqpush/C | skeleton/naive | bare/naive |")
+    print("|---:|---:|" + "---:|" * (len(names) + 4))
     for rate, per_write in RATES.items():
         cpu = {n: med(rate, n, "cpu") for n in names}
         print(f"| {rate:,} | {rate // per_write:,} | "
               + " | ".join(f"{cpu[n]:.2f}" for n in names)
-              + f" | {ratio(cpu['zmqpush'], cpu['naive'])} | {ratio(cpu['zmqpush'], cpu['C'])} |")
+              + f" | {ratio(cpu['zmqpush'], cpu['naive'])} | {ratio(cpu['zmqpush'], cpu['C'])}"
+              + f" | {ratio(cpu['skeleton'], cpu['naive'])}"
+              + f" | {ratio(cpu['bare asyncio'], cpu['naive'])} |")
     print("\nContext switches per second (voluntary + involuntary, all threads):\n")
     print("| lines/s | " + " | ".join(names) + " |")
     print("|---:|" + "---:|" * len(names))
