@@ -4,9 +4,10 @@ the shipper running under rsyslog's omprog, measured by pidstat.
 
     python bench/pidstat.py [SECONDS]    (default 60, as the original)
 
-For each shipper (zmqpush, the naive loop bench/naive.py, C bench/cship.c) and
-each load, a private rsyslogd (its own config and work directory, -n, no
-/dev/log: imuxsock's system socket off) takes messages on an imuxsock input at a
+For each shipper (zmqpush, the naive loop bench/naive.py, C bench/cship.c, and
+bench/skeleton.py, the design's shape with none of zmqpush's work) and each
+load, a private rsyslogd (its own config and work directory, -n, no /dev/log:
+imuxsock's system socket off) takes messages on an imuxsock input at a
 private socket path and hands them to an omprog action whose program is the
 shipper (template RSYSLOG_SyslogProtocol23Format, as in the original's config),
 which sends to bench/ccount.c on 127.0.0.1.  Loads as in the original:
@@ -179,6 +180,7 @@ def main() -> int:
         "zmqpush": [args.python, args.zmqpush, "-c", "ENDPOINT"],
         "naive": [args.python, str(HERE / "naive.py"), "ENDPOINT"],
         "C": [build("cship"), "ENDPOINT"],
+        "skeleton": [args.python, str(HERE / "skeleton.py"), "ENDPOINT"],
     }
     results = {(name, ship): [] for name in LOADS for ship in shippers}
     for _ in range(args.runs):
