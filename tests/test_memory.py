@@ -32,11 +32,8 @@ def ship(args: list, data: bytes) -> tuple:
                             stderr=subprocess.DEVNULL, env=env_with(None))
     writer = threading.Thread(target=feed, args=(proc, data), daemon=True)
     writer.start()
-    peak = 0
     try:
-        while proc.poll() is None:  # VmHWM only grows; read it until the end
-            peak = max(peak, peak_rss_kib(proc.pid))
-            time.sleep(0.01)
+        peak = peak_rss_while(proc.pid, lambda: proc.poll() is None)
         writer.join(10)
         summary = sink.communicate(timeout=60)[0].strip()
     finally:
@@ -45,6 +42,16 @@ def ship(args: list, data: bytes) -> tuple:
                 p.kill()
                 p.wait(10)
     return proc.returncode, peak, summary
+
+
+def peak_rss_while(pid: int, going) -> int:
+    """The peak RSS in KiB of pid seen while going() is true, read every 10 ms
+    (VmHWM only grows: read until the end, the last reading is the peak)."""
+    peak = 0
+    while going():
+        peak = max(peak, peak_rss_kib(pid))
+        time.sleep(0.01)
+    return peak
 
 
 def peak_rss_kib(pid: int) -> int:
@@ -216,9 +223,8 @@ def test_a_receiver_killed_every_0_3_s_keeps_peak_rss_under_64_mib_and_loses_not
         stop.set()
         writer.join(30)
         deadline = time.monotonic() + 90
-        while proc.poll() is None and time.monotonic() < deadline:
-            peak = max(peak, peak_rss_kib(proc.pid))
-            time.sleep(0.05)
+        peak = max(peak, peak_rss_while(
+            proc.pid, lambda: proc.poll() is None and time.monotonic() < deadline))
         code = proc.wait(1)
         err = proc.stderr.read().decode()
         wait_until_written(out, written[0])
@@ -255,15 +261,10 @@ def test_large_lines_for_a_stopped_receiver_stay_under_64_mib():
         os.kill(sink.pid, signal.SIGSTOP)
         writer = threading.Thread(target=feed, args=(proc, data[61_000:]), daemon=True)
         writer.start()
-        peak = 0
         deadline = time.monotonic() + 4
-        while time.monotonic() < deadline:
-            peak = max(peak, peak_rss_kib(proc.pid))
-            time.sleep(0.01)
+        peak = peak_rss_while(proc.pid, lambda: time.monotonic() < deadline)
         os.kill(sink.pid, signal.SIGCONT)
-        while proc.poll() is None:
-            peak = max(peak, peak_rss_kib(proc.pid))
-            time.sleep(0.01)
+        peak = max(peak, peak_rss_while(proc.pid, lambda: proc.poll() is None))
         writer.join(10)
         summary = sink.communicate(timeout=60)[0].split()
     finally:
