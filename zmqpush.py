@@ -1496,6 +1496,8 @@ class Replies:
 
 # Under glibc's smallest threshold for serving an allocation with mmap (128 KiB).
 SLOW_READ_BYTES = 32 << 10
+# epoll events after which the reader no longer trusts FIONREAD (see _drained).
+_HANGUP_EVENTS = select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR
 
 
 class StdinReader:
@@ -1510,10 +1512,11 @@ class StdinReader:
     so dropping would only lose lines).
 
     It reads until EAGAIN (a short read does not prove a pipe or socket empty:
-    packet-mode pipes, SEQPACKET and ancillary data stop reads short) and
-    gives the loop a turn between any two reads, so signals, timers and the
-    sender run even when reads never block: after a short read that followed
-    a wait, the wait that EAGAIN brings is that turn.  `ended` is set at EOF
+    packet-mode pipes, SEQPACKET and ancillary data stop reads short), or, on
+    a pipe, until FIONREAD says it holds nothing (see _drained), and gives the
+    loop a turn between any two reads, so signals, timers and the sender run
+    even when reads never block: after a short read that followed a wait, the
+    wait that EAGAIN (or the empty pipe) brings is that turn.  `ended` is set at EOF
     or stop(), even while the last puts still wait for room.
     """
 
@@ -1537,7 +1540,10 @@ class StdinReader:
         self._waiter: asyncio.Future | None = None
         self._loop = asyncio.get_running_loop()
         self._flags = None
+        self._hung_up = False  # epoll said HUP, RDHUP or ERR: read on to EAGAIN or EOF
+        self._queued_bytes = bytearray(4)  # FIONREAD's answer (see _drained)
         self._epoll = self._watch()
+        self._fifo = self._epoll is not None and stat.S_ISFIFO(os.fstat(fd).st_mode)
         self._drop = drop_when_full and self._epoll is not None
 
     def _watch(self):
@@ -1554,7 +1560,9 @@ class StdinReader:
         return epoll
 
     def _on_epoll(self):
-        self._epoll.poll(0)
+        for _, events in self._epoll.poll(0):
+            if events & _HANGUP_EVENTS:
+                self._hung_up = True
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -1592,7 +1600,7 @@ class StdinReader:
             if not turned:
                 await asyncio.sleep(0)
             try:
-                data = self._read_ready()
+                data = None if turned and self._drained() else self._read_ready()
                 waited = data is None
                 if waited:
                     data = await self._read_after_wait()
@@ -1604,7 +1612,8 @@ class StdinReader:
             self._read_at = time.time()
             await self._hand_over(self._framer.feed(data), len(data))
             # A short read that followed a wait is most likely followed by
-            # EAGAIN, whose wait is the loop's turn; any other read gets one.
+            # EAGAIN (or, from a pipe, by _drained()), whose wait is the loop's
+            # turn; any other read gets one.
             short = len(data) < self._asking
             turned = short and waited
             self._asking = min(self._read_bytes, SLOW_READ_BYTES) if short else self._read_bytes
@@ -1613,6 +1622,17 @@ class StdinReader:
         await self._queue.put(END)
         if failure is not None:
             raise InputError(failure.strerror or str(failure)) from failure
+
+    def _drained(self) -> bool:
+        """True if fd is a pipe that holds no byte now (FIONREAD) and epoll
+        never said it was hung up: then a read would only raise EAGAIN, whose
+        exception costs more than this test, and the next byte, or the last
+        writer's close, brings an edge.  False when unsure (not a pipe: a
+        terminal's end of file holds no byte and may bring no edge)."""
+        if not self._fifo or self._hung_up:
+            return False
+        fcntl.ioctl(self._fd, termios.FIONREAD, self._queued_bytes)
+        return self._queued_bytes == b"\0\0\0\0"
 
     def _read_ready(self) -> bytes | None:
         """The next bytes of stdin if some are ready (b"" at EOF), else None.

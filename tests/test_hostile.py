@@ -1,6 +1,7 @@
 """Issue 10: what a hostile user can pass in never hangs, crashes or loses lines silently."""
 import json
 import os
+import pty
 import signal
 import socket
 import struct
@@ -546,6 +547,23 @@ def write_quietly(proc, data: bytes):
         proc.stdin.close()
     except (BrokenPipeError, ValueError):
         pass
+
+
+def test_a_terminal_line_followed_at_once_by_end_of_file_ends_the_run(receiver):
+    """On a terminal, an end of file (^D) typed right after a line holds no byte
+    and brings no edge of its own: after the line, the reader must read on (it
+    trusts an empty FIONREAD on pipes only), or the run never ends."""
+    master, slave = pty.openpty()
+    proc = start(["-c", receiver.endpoint], stdin=slave)
+    os.close(slave)
+    try:
+        time.sleep(1.5)  # the reader waits on the terminal by now
+        os.write(master, b"a line\n\x04")
+        assert receiver.wait_for(1, timeout=10) == 1
+        assert proc.wait(10) == 0
+    finally:
+        stop_process(proc)
+        os.close(master)
 
 
 @pytest.mark.parametrize("kind", ["packet-pipe", "seqpacket"])
