@@ -39,17 +39,31 @@ raise SystemExit(main())
 '''
 
 
+WATERMARK_FLAG = "\nINSTALLED = False\n"
+
+
+def installed_watermark() -> str:
+    """zmqpush-watermark.py as installed: INSTALLED = True, so that in bin/ it imports the
+    zmqpush module, not the zmqpush.py launcher beside it."""
+    with open("zmqpush-watermark.py", encoding="utf-8") as f:
+        source = f.read()
+    if source.count(WATERMARK_FLAG) != 1:
+        raise SystemExit("setup.py: zmqpush-watermark.py lost its INSTALLED = False line")
+    return source.replace(WATERMARK_FLAG, "\nINSTALLED = True\n")
+
+
 class BuildLaunchers(build_scripts):
-    """Build the zmqpush.py command from LAUNCHER instead of the module's source."""
+    """Build the installed commands: zmqpush.py from LAUNCHER instead of the module's
+    source, and zmqpush-watermark.py marked as installed."""
 
     def run(self):
-        launcher_dir = os.path.join(self.build_dir + "-launcher")
-        os.makedirs(launcher_dir, exist_ok=True)
-        launcher = os.path.join(launcher_dir, "zmqpush.py")
-        with open(launcher, "w", encoding="utf-8") as f:
-            f.write(LAUNCHER)
-        self.scripts = [launcher if os.path.basename(s) == "zmqpush.py" else s
-                        for s in self.scripts]
+        built_dir = self.build_dir + "-launcher"
+        os.makedirs(built_dir, exist_ok=True)
+        built = {"zmqpush.py": LAUNCHER, "zmqpush-watermark.py": installed_watermark()}
+        for name, text in built.items():
+            with open(os.path.join(built_dir, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        self.scripts = [os.path.join(built_dir, os.path.basename(s)) for s in self.scripts]
         super().run()
 
 

@@ -12,7 +12,15 @@ import json
 import os
 import sys
 
-import zmqpush
+# setup.py installs this file with INSTALLED = True.  Installed, it sits in bin/ beside the
+# zmqpush.py launcher, which must not shadow the zmqpush module; from a checkout, the module
+# is the zmqpush.py beside it.
+INSTALLED = False
+if INSTALLED and sys.path and (
+        os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__))):
+    del sys.path[0]
+
+import zmqpush  # noqa: E402
 
 TCP_WMEM = "/proc/sys/net/ipv4/tcp_wmem"
 

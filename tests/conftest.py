@@ -1,10 +1,17 @@
-"""Shared test parts: real PULL receivers on 127.0.0.1 and the real CLI as a subprocess."""
+"""Shared test parts: real PULL receivers on 127.0.0.1 and the real CLI as a subprocess.
+
+The commands under test are the ones `pip install .` put beside the Python that runs
+pytest (README "Development": `.venv/bin/python -m pytest`), run as a user runs them:
+by path, through their own #! line.  A session whose installed zmqpush is not this
+checkout's stops before any test, saying how to install it.
+"""
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -13,9 +20,34 @@ import pytest
 import zmq
 
 ROOT = Path(__file__).resolve().parent.parent
-ZMQPUSH = str(ROOT / "zmqpush.py")
-WATERMARK = str(ROOT / "zmqpush-watermark.py")
+BIN = Path(sys.executable).parent
+ZMQPUSH = str(BIN / "zmqpush.py")
+WATERMARK = str(BIN / "zmqpush-watermark.py")
+CHECKOUT_ZMQPUSH = str(ROOT / "zmqpush.py")
 SINK = str(ROOT / "bench" / "sink.py")
+
+
+def installed_differs() -> str:
+    """Why the installed commands are not this checkout's, or "" when they are."""
+    for command in (ZMQPUSH, WATERMARK):
+        if not os.access(command, os.X_OK):
+            return f"{command} is not installed"
+    module = Path(sysconfig.get_paths()["purelib"]) / "zmqpush.py"
+    if not module.is_file() or module.read_bytes() != (ROOT / "zmqpush.py").read_bytes():
+        return f"{module} is not the checkout's zmqpush.py"
+    installed_tool = Path(WATERMARK).read_bytes().partition(b"\n")[2]
+    checkout_tool = (ROOT / "zmqpush-watermark.py").read_bytes().partition(b"\n")[2]
+    if installed_tool.replace(b"\nINSTALLED = True\n", b"\nINSTALLED = False\n") != checkout_tool:
+        return f"{WATERMARK} is not the checkout's zmqpush-watermark.py"
+    return ""
+
+
+def pytest_sessionstart(session):
+    """Stop at once when the tests would run anything but this checkout as installed."""
+    why = installed_differs()
+    if why:
+        pytest.exit(f"{why}: run '{sys.executable} -m pip install .' in {ROOT} first",
+                    returncode=4)
 
 
 def free_port() -> int:
@@ -108,7 +140,14 @@ def receiver():
 
 
 def cli(*args) -> list:
-    return [sys.executable, ZMQPUSH, *args]
+    """The installed zmqpush.py command with args, run by path as a user runs it."""
+    return [ZMQPUSH, *args]
+
+
+def python_script(script: str, *args) -> list:
+    """sys.executable running script (-c) isolated (-I): the installed zmqpush module is
+    imported, never a zmqpush.py from the current directory."""
+    return [sys.executable, "-I", "-c", script, *args]
 
 
 def run(args, data: bytes = b"", timeout: float = 60, env=None, stdin=None):

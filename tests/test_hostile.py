@@ -15,7 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, WATERMARK, cli, closing_count, env_with, run, start, stop_process
+from conftest import (
+    WATERMARK,
+    cli,
+    closing_count,
+    env_with,
+    python_script,
+    run,
+    start,
+    stop_process,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmqpush
@@ -236,7 +245,6 @@ def test_stdin_socket_reset_by_its_peer_delivers_what_was_read_and_exits_1(recei
 
 FAILING_CALLBACK = """
 import sys
-sys.path.insert(0, sys.argv.pop(1))
 import zmqpush
 def broken(self):
     raise RuntimeError("boom")
@@ -246,7 +254,6 @@ sys.exit(zmqpush.main(sys.argv[1:]))
 
 FAILING_ENCODER = """
 import sys
-sys.path.insert(0, sys.argv.pop(1))
 import zmqpush
 encode = zmqpush.Encoder.encode
 def encode_once(self, lines, *args):
@@ -260,7 +267,7 @@ sys.exit(zmqpush.main(sys.argv[1:]))
 
 def start_patched(script: str, args: list) -> subprocess.Popen:
     """zmqpush.main() with a part replaced by script, stdin a pipe."""
-    return subprocess.Popen([sys.executable, "-c", script, str(ROOT), *args],
+    return subprocess.Popen(python_script(script, *args),
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env_with(None))
 
@@ -341,7 +348,7 @@ def test_closed_stdin_reads_as_empty_input(receiver):
 
 
 def test_watermark_tool_with_stdout_closed_or_broken_exits_1_without_traceback():
-    closed = subprocess.run([sys.executable, WATERMARK, "--json"], capture_output=True,
+    closed = subprocess.run([WATERMARK, "--json"], capture_output=True,
                             timeout=20, preexec_fn=closing(1))
     assert closed.returncode == 1
     lines = no_traceback(closed.stderr)
@@ -349,7 +356,7 @@ def test_watermark_tool_with_stdout_closed_or_broken_exits_1_without_traceback()
     read_end, write_end = os.pipe()
     os.close(read_end)  # like `| head -c0`
     try:
-        broken = subprocess.run([sys.executable, WATERMARK, "--json"], stdout=write_end,
+        broken = subprocess.run([WATERMARK, "--json"], stdout=write_end,
                                 stderr=subprocess.PIPE, timeout=20)
     finally:
         os.close(write_end)
@@ -360,7 +367,7 @@ def test_watermark_tool_with_stdout_closed_or_broken_exits_1_without_traceback()
                                   ["-c", "ipc:///tmp/" + "x" * 200]],
                          ids=["bad value", "refused by ZeroMQ", "ipc path too long"])
 def test_watermark_tool_usage_errors_exit_2_like_zmqpush(args):
-    tool = subprocess.run([sys.executable, WATERMARK, *args], capture_output=True,
+    tool = subprocess.run([WATERMARK, *args], capture_output=True,
                           timeout=20)
     shipper = run(args, b"x\n", timeout=20)
     assert tool.returncode == shipper.returncode == 2, (tool.stderr, shipper.stderr)

@@ -2,7 +2,6 @@
 import collections
 import os
 import signal
-import sys
 import time
 
 import pytest
@@ -18,7 +17,7 @@ def _rsyslogd_installed():
 
 def binary(*args) -> str:
     """omprog's binary= value: split on spaces by rsyslog, no shell."""
-    return " ".join([sys.executable, ZMQPUSH, *args])
+    return " ".join([ZMQPUSH, *args])
 
 
 def omprog(binary_value: str, workdir, **params) -> str:
@@ -86,7 +85,7 @@ def test_force_single_instance_keeps_one_zmqpush_through_a_burst(tmp_path):
 def test_legacy_directive_without_arguments_uses_syslog_and_environment(tmp_path):
     receiver = Receiver(free_port())
     wrapper = tmp_path / "zmqpush-wrapper"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {ZMQPUSH} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {ZMQPUSH} "$@"\n')
     wrapper.chmod(0o755)
     rules = (f"$RuleSet ship\n$ActionOMProgBinary {wrapper}\n*.* :omprog:;msgonly\n")
     env = dict(os.environ, ZMQPUSH_CONNECT=receiver.endpoint)

@@ -16,6 +16,7 @@ from conftest import (
     closing_count,
     env_with,
     free_port,
+    python_script,
     run,
     start,
     stop_process,
@@ -231,7 +232,7 @@ def test_help_explains_and_version_prints():
 
 
 def test_watermark_tool_prints_the_originals_lines_then_zeromq_and_kernel():
-    proc = subprocess.run([sys.executable, WATERMARK], capture_output=True, timeout=10)
+    proc = subprocess.run([WATERMARK], capture_output=True, timeout=10)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.decode().splitlines()
     assert lines[:2] == ["Low watermark: 0", "High watermark: 65536"]
@@ -241,7 +242,7 @@ def test_watermark_tool_prints_the_originals_lines_then_zeromq_and_kernel():
 
 
 def test_watermark_tool_json_follows_the_options():
-    proc = subprocess.run([sys.executable, WATERMARK, "--json", "--sndhwm", "42",
+    proc = subprocess.run([WATERMARK, "--json", "--sndhwm", "42",
                            "--write-buffer-limits", "8000,2000"],
                           capture_output=True, timeout=10)
     values = json.loads(proc.stdout)
@@ -252,10 +253,10 @@ def test_watermark_tool_json_follows_the_options():
 
 
 SIMULATE_PY314 = """
-import asyncio.unix_events as u, runpy, sys
+import asyncio.unix_events as u, sys
 del u.SafeChildWatcher
-sys.argv = [sys.argv[1]] + sys.argv[2:]
-runpy.run_path(sys.argv[0], run_name="__main__")
+import zmqpush
+sys.exit(zmqpush.main(sys.argv[1:]))
 """
 
 
@@ -265,25 +266,23 @@ def test_starts_where_asyncio_has_no_safechildwatcher_as_on_python_314(receiver)
          "import asyncio.unix_events as u; del u.SafeChildWatcher; import aiozmq"],
         capture_output=True, timeout=20)
     assert broken.returncode != 0 and b"SafeChildWatcher" in broken.stderr
-    proc = subprocess.run([sys.executable, "-c", SIMULATE_PY314, str(ROOT / "zmqpush.py"),
-                           "-c", receiver.endpoint], input=b"on 3.14\n",
-                          capture_output=True, timeout=20)
+    proc = subprocess.run(python_script(SIMULATE_PY314, "-c", receiver.endpoint),
+                          input=b"on 3.14\n", capture_output=True, timeout=20)
     assert proc.returncode == 0, proc.stderr
     assert receiver.wait_for(1) == 1
 
 
 WITHOUT_UVLOOP = """
-import runpy, sys
+import sys
 sys.modules["uvloop"] = None  # import uvloop now raises ImportError
-sys.argv = [sys.argv[1]] + sys.argv[2:]
-runpy.run_path(sys.argv[0], run_name="__main__")
+import zmqpush
+sys.exit(zmqpush.main(sys.argv[1:]))
 """
 
 
 def test_runs_on_the_default_asyncio_loop_when_uvloop_is_missing(receiver):
-    proc = subprocess.run([sys.executable, "-c", WITHOUT_UVLOOP, str(ROOT / "zmqpush.py"),
-                           "-q", "-c", receiver.endpoint], input=b"no uvloop\n",
-                          capture_output=True, timeout=20)
+    proc = subprocess.run(python_script(WITHOUT_UVLOOP, "-q", "-c", receiver.endpoint),
+                          input=b"no uvloop\n", capture_output=True, timeout=20)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.decode().splitlines()[0].startswith("Processed 1 messages")
     assert receiver.wait_for(1) == 1
