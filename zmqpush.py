@@ -61,6 +61,9 @@ DEFAULT_QUEUE_BYTES = 4 << 20
 DEFAULT_MAX_LINE_BYTES = 64 << 10
 DEFAULT_READ_BYTES = 256 << 10
 DEFAULT_CONFIRM_TIMEOUT = 2.0
+# Reads at most once per window while lines keep coming (README "Coalesced reads").
+DEFAULT_COALESCE = 0.005
+MAX_COALESCE = 1.0
 # aiozmq transport (high, low): the sender spills into it until it passes low, so
 # 0 spills only the message ZeroMQ refused (see Sender).
 DEFAULT_WRITE_LIMITS = (64 << 10, 0)
@@ -195,6 +198,7 @@ class Config(NamedTuple):
     spool: str | None = None  # the spool directory (README "Outages")
     spool_bytes: int = DEFAULT_SPOOL_BYTES
     spool_sync: float = DEFAULT_SPOOL_SYNC  # 0: every write, inf: never
+    coalesce: float = DEFAULT_COALESCE  # the read window in seconds; 0 with --confirm
 
 
 class _Parser(argparse.ArgumentParser):
@@ -358,6 +362,11 @@ def _input_options(g):
                    help=f"read size (default {DEFAULT_READ_BYTES}, at most "
                    f"{MAX_BATCH_BYTES}); arrays are at most N bytes, and with the replay "
                    "window on at most what it covers (8 KiB by default)")
+    g.add_argument("--coalesce", type=_seconds(0, MAX_COALESCE), metavar="SECONDS",
+                   help="while lines keep coming, read at most once per SECONDS, taking "
+                   "all that came meanwhile in one read; a line after a quiet spell is "
+                   f"read at once (default {DEFAULT_COALESCE:g}; 0: read at every line; "
+                   f"at most {MAX_COALESCE:g}; --confirm: always 0)")
 
 
 def _field_options(g):
@@ -610,6 +619,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         spool=opt["spool"] or None,
         spool_bytes=spool_bytes,
         spool_sync=DEFAULT_SPOOL_SYNC if opt["spool_sync"] is None else opt["spool_sync"],
+        coalesce=0.0 if opt["confirm"] else (
+            DEFAULT_COALESCE if opt["coalesce"] is None else opt["coalesce"]),
     )
 
 
@@ -1498,6 +1509,9 @@ class Replies:
 SLOW_READ_BYTES = 32 << 10
 # epoll events after which the reader no longer trusts FIONREAD (see _drained).
 _HANGUP_EVENTS = select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR
+_READ_EDGES = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
+_HANGUP_EDGES = select.EPOLLRDHUP | select.EPOLLET  # EPOLLHUP and EPOLLERR are implied
+F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 
 class StdinReader:
@@ -1518,11 +1532,19 @@ class StdinReader:
     even when reads never block: after a short read that followed a wait, the
     wait that EAGAIN (or the empty pipe) brings is that turn.  `ended` is set at EOF
     or stop(), even while the last puts still wait for room.
+
+    Coalescing (window > 0): an edge that comes less than a window after the last
+    read is read when the window ends, with all that came meanwhile; stdin's epoll
+    watches only for a hang-up until then, so the lines between cost no wake-up.
+    An edge after a quiet spell is read at once, and so is everything while input
+    comes faster than half of stdin's buffer a window (the producer would block
+    within the window): a backlog, until the rate falls below a quarter of that.
+    stop() and a hang-up end a window early; what came within it is read first.
     """
 
     def __init__(self, fd: int, queue: ByteQueue, *, encoder: Encoder, framer: LineFramer,
                  counters: Counters, read_bytes: int, drop_when_full: bool,
-                 replies: Replies | None = None):
+                 coalesce: float = 0.0, replies: Replies | None = None):
         self._fd = fd
         self._queue = queue
         self._replies = replies  # --confirm with a spool: answered once spooled
@@ -1545,12 +1567,27 @@ class StdinReader:
         self._epoll = self._watch()
         self._fifo = self._epoll is not None and stat.S_ISFIFO(os.fstat(fd).st_mode)
         self._drop = drop_when_full and self._epoll is not None
+        self._window = coalesce if self._epoll is not None else 0.0
+        self._capacity = self._buffer_bytes()
+        self._backlog = False
+        self._rate_since, self._rate_bytes = self._read_at, 0  # bytes read since then
+        self._window_timer: asyncio.TimerHandle | None = None
+        self._flushing = False  # stopped within a window: read what came in it, then end
+
+    def _buffer_bytes(self) -> int:
+        """What stdin's kernel buffer holds: a pipe's size, else 64 KiB."""
+        if self._fifo:
+            try:
+                return fcntl.fcntl(self._fd, F_GETPIPE_SZ)
+            except OSError:
+                pass
+        return 64 << 10
 
     def _watch(self):
         """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
         epoll = select.epoll()
         try:
-            epoll.register(self._fd, select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET)
+            epoll.register(self._fd, _READ_EDGES)
         except PermissionError:
             epoll.close()
             return None
@@ -1560,9 +1597,7 @@ class StdinReader:
         return epoll
 
     def _on_epoll(self):
-        for _, events in self._epoll.poll(0):
-            if events & _HANGUP_EVENTS:
-                self._hung_up = True
+        self._note_hangups()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -1574,6 +1609,7 @@ class StdinReader:
         """Stop reading soon; what was read (an unfinished line too) is still
         sent, and with a spool kept there even past its cap."""
         self._stopping = True
+        self._flushing = self._window_timer is not None
         self.ended.set()
         self._wake()
         if isinstance(self._queue, SpoolQueue):
@@ -1596,13 +1632,15 @@ class StdinReader:
         failure, turned = None, True
         if self._replies is not None:
             await self._replies.reply(True)
-        while not self._stopping:
+        while not self._stopping or self._flushing:
             if not turned:
                 await asyncio.sleep(0)
             try:
                 data = None if turned and self._drained() else self._read_ready()
                 waited = data is None
                 if waited:
+                    if self._stopping:
+                        break
                     data = await self._read_after_wait()
             except OSError as exc:
                 failure = exc
@@ -1610,6 +1648,7 @@ class StdinReader:
             if not data:
                 break
             self._read_at = time.time()
+            self._rate_bytes += len(data)
             await self._hand_over(self._framer.feed(data), len(data))
             # A short read that followed a wait is most likely followed by
             # EAGAIN (or, from a pipe, by _drained()), whose wait is the loop's
@@ -1657,10 +1696,48 @@ class StdinReader:
             self._waiter = self._loop.create_future()
             await self._waiter
             self._waiter = None
+            if self._window and self._within_window():
+                await self._wait_out_window()
             data = self._read_ready()
             if data is not None:
                 return data
         return b""
+
+    def _within_window(self) -> bool:
+        """True if this edge should wait for the window to end: the last read was
+        less than a window ago, no backlog is being read, and the run goes on.
+        Measures the input rate once per window or more."""
+        now = time.time()
+        elapsed = now - self._rate_since
+        if elapsed >= self._window:
+            per_window = self._rate_bytes * self._window / elapsed
+            self._backlog = per_window >= self._capacity / (4 if self._backlog else 2)
+            self._rate_since, self._rate_bytes = now, 0
+        return now - self._read_at < self._window and not self._backlog \
+            and not self._stopping and not self._hung_up
+
+    async def _wait_out_window(self):
+        """Sleep until a window after the last read, stdin watched for a hang-up
+        only; stop() or a hang-up ends it early.  Then stdin is watched for reads
+        again, and the edge that brings (data came meanwhile) is taken here: the
+        read that follows takes that data."""
+        delay = min(self._window, self._window - (time.time() - self._read_at))
+        self._epoll.modify(self._fd, _HANGUP_EDGES)
+        self._waiter = self._loop.create_future()
+        self._window_timer = self._loop.call_later(delay, self._wake)
+        try:
+            await self._waiter
+        finally:
+            self._window_timer.cancel()
+            self._window_timer = self._waiter = None
+            self._epoll.modify(self._fd, _READ_EDGES)
+            self._note_hangups()
+
+    def _note_hangups(self):
+        """Take the epoll's pending events, noting a hang-up."""
+        for _, events in self._epoll.poll(0):
+            if events & _HANGUP_EVENTS:
+                self._hung_up = True
 
     async def _hand_over(self, segments: list, nread: int):
         """Encode segments and queue them as Parcels of about ENCODE_LINES
@@ -3462,7 +3539,7 @@ class Shipper:
             self._stdin_fd, self._queue, encoder=encoder,
             framer=LineFramer(config.max_line_bytes), counters=self.counters,
             read_bytes=config.batch_bytes if config.batch else DEFAULT_READ_BYTES,
-            drop_when_full=config.when_full == "drop",
+            drop_when_full=config.when_full == "drop", coalesce=config.coalesce,
             replies=self._replies if spool is not None else None)
         if spool is None:
             window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes)

@@ -3,9 +3,10 @@
 
 A feeder process writes corpus lines (bench/corpus.py, about 110 bytes) into the
 shipper's stdin pipe on an absolute clock (next += interval; sleep(next - now)),
-so the rate is exact: 100 and 1,000 lines/s with one os.write() per line, 10,000
-lines/s with 10 lines per write (1,000 writes/s).  Each shipper (zmqpush -q, the
-naive loop bench/naive.py, C bench/cship.c one message per line, optionally
+so the rate is exact: 100, 1,000 and 10,000 lines/s with one os.write() per line
+(a line-buffered program), and 10,000 lines/s with 10 lines per write (1,000
+writes/s).  Each shipper (zmqpush -q at its default --coalesce window and at 0,
+the naive loop bench/naive.py, C bench/cship.c one message per line, optionally
 zmqpush --batch) sends to one C counting receiver (bench/ccount.c), which must
 count every line fed.  Two yardsticks run beside them (bench/skeleton.py): the
 design's shape with none of zmqpush's work ("skeleton": uvloop, the epoll
@@ -38,8 +39,8 @@ from cref import Counter, build  # noqa: E402
 WARMUP = 1.0  # seconds from the feeder's start to the window's start
 TAIL = 0.5  # seconds the feeder goes on after the window
 TICK = os.sysconf("SC_CLK_TCK")
-# rate (lines/s) -> lines per write
-RATES = {100: 1, 1000: 1, 10000: 10}
+# (lines/s, lines per write)
+LOADS = [(100, 1), (1000, 1), (10000, 1), (10000, 10)]
 
 
 def feed(rate: int, per_write: int, writes: int) -> int:
@@ -86,14 +87,14 @@ def stop(proc: subprocess.Popen, timeout: float):
         proc.wait()
 
 
-def measure(argv: list, rate: int, seconds: float) -> dict:
-    per_write = RATES[rate]
+def measure(argv: list, rate: int, per_write: int, seconds: float) -> dict:
     writes = round((WARMUP + seconds + TAIL) * rate / per_write)
     lines = writes * per_write
     counter = Counter(lines, idle=3)
     argv = [counter.endpoint if a == "ENDPOINT" else a for a in argv]
     with tempfile.TemporaryFile("w+") as errors:
-        feeder = subprocess.Popen([sys.executable, __file__, "--feed", str(rate), str(writes)],
+        feeder = subprocess.Popen([sys.executable, __file__, "--feed", str(rate),
+                                   str(per_write), str(writes)],
                                   stdout=subprocess.PIPE)
         shipper = subprocess.Popen(argv, stdin=feeder.stdout, stdout=subprocess.DEVNULL,
                                    stderr=errors)
@@ -117,8 +118,7 @@ def measure(argv: list, rate: int, seconds: float) -> dict:
 
 def main() -> int:
     if sys.argv[1:2] == ["--feed"]:
-        rate, writes = int(sys.argv[2]), int(sys.argv[3])
-        return feed(rate, RATES[rate], writes)
+        return feed(*map(int, sys.argv[2:5]))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=20, help="steady window per measurement")
     p.add_argument("--runs", type=int, default=3)
@@ -130,6 +130,8 @@ def main() -> int:
     args = p.parse_args()
     shippers = {
         "zmqpush": [args.python, args.zmqpush, "-q", "-c", "ENDPOINT"],
+        "zmqpush --coalesce 0": [args.python, args.zmqpush, "-q", "--coalesce", "0",
+                                 "-c", "ENDPOINT"],
         "naive": [args.python, str(HERE / "naive.py"), "ENDPOINT"],
         "C": [build("cship"), "ENDPOINT"],
         "skeleton": [args.python, str(HERE / "skeleton.py"), "ENDPOINT"],
@@ -138,14 +140,14 @@ def main() -> int:
     if args.batch:
         shippers["zmqpush --batch"] = [args.python, args.zmqpush, "-q", "--batch",
                                        "-c", "ENDPOINT"]
-    results = {(rate, name): [] for rate in RATES for name in shippers}
+    results = {(load, name): [] for load in LOADS for name in shippers}
     for _ in range(args.runs):
-        for rate in RATES:
+        for load in LOADS:
             for name, argv in shippers.items():
-                results[rate, name].append(measure(argv, rate, args.seconds))
+                results[load, name].append(measure(argv, *load, args.seconds))
 
-    def med(rate, name, key):
-        return statistics.median(r[key] for r in results[rate, name])
+    def med(load, name, key):
+        return statistics.median(r[key] for r in results[load, name])
 
     def ratio(a: float, b: float) -> str:
         return f"{a / b:.2f}" if b else "-"
@@ -157,26 +159,29 @@ def main() -> int:
     print("| lines/s | writes/s | " + " | ".join(f"{n} %CPU" for n in names)
           + " | zmqpush/naive | zmqpush/C | skeleton/naive | bare/naive |")
     print("|---:|---:|" + "---:|" * (len(names) + 4))
-    for rate, per_write in RATES.items():
-        cpu = {n: med(rate, n, "cpu") for n in names}
+    for load in LOADS:
+        rate, per_write = load
+        cpu = {n: med(load, n, "cpu") for n in names}
         print(f"| {rate:,} | {rate // per_write:,} | "
               + " | ".join(f"{cpu[n]:.2f}" for n in names)
               + f" | {ratio(cpu['zmqpush'], cpu['naive'])} | {ratio(cpu['zmqpush'], cpu['C'])}"
               + f" | {ratio(cpu['skeleton'], cpu['naive'])}"
               + f" | {ratio(cpu['bare asyncio'], cpu['naive'])} |")
     print("\nContext switches per second (voluntary + involuntary, all threads):\n")
-    print("| lines/s | " + " | ".join(names) + " |")
-    print("|---:|" + "---:|" * len(names))
-    for rate in RATES:
-        print(f"| {rate:,} | " + " | ".join(f"{med(rate, n, 'cs'):,.1f}" for n in names) + " |")
-    short = [(rate, name, r["received"], r["fed"]) for (rate, name), runs in results.items()
+    print("| lines/s | writes/s | " + " | ".join(names) + " |")
+    print("|---:|---:|" + "---:|" * len(names))
+    for load in LOADS:
+        rate, per_write = load
+        print(f"| {rate:,} | {rate // per_write:,} | "
+              + " | ".join(f"{med(load, n, 'cs'):,.1f}" for n in names) + " |")
+    short = [(load[0], name, r["received"], r["fed"]) for (load, name), runs in results.items()
              for r in runs if r["received"] != r["fed"]]
     print()
     if short:
         for rate, name, got, fed in short:
             print(f"LOST: {name} at {rate:,} lines/s: received {got:,} of {fed:,}")
     else:
-        print(f"Received: every line fed, in all {len(names) * len(RATES) * args.runs} "
+        print(f"Received: every line fed, in all {len(names) * len(LOADS) * args.runs} "
               "measurements.")
     script = os.path.relpath(__file__)
     print(f"Command: `{shlex.join(['python', script, *sys.argv[1:]])}`")
