@@ -90,26 +90,39 @@ def help_options() -> set:
     return options
 
 
-def option_table_options() -> set:
-    """Long options named in the first column of README.md's option table."""
+def option_table() -> list:
+    """(options, variables) named in each row of README.md's option table: the long
+    options of its first column and the ZMQPUSH_* names of its second."""
     text = (ROOT / "README.md").read_text()
-    table = text.split("| option | default | meaning |", 1)[1].split("\n\n", 1)[0]
-    options = set()
-    for row in table.splitlines()[1:]:
-        first_cell = row.split("|")[1]
-        options.update(re.findall(r"--[a-z][a-z0-9-]*", first_cell))
-    return options
+    table = text.split("| option | variable |", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for row in table.splitlines()[2:]:
+        cells = row.split(" | ")
+        rows.append((re.findall(r"--[a-z][a-z0-9-]*", cells[0]),
+                     re.findall(r"ZMQPUSH_[A-Z0-9_]+", cells[1])))
+    return rows
+
+
+def twin(option: str) -> str:
+    """The environment variable that stands for a long option."""
+    return "ZMQPUSH_" + option[2:].upper().replace("-", "_")
 
 
 def test_option_table_matches_help():
-    assert option_table_options() == help_options()
+    assert {o for options, _ in option_table() for o in options} == help_options()
+
+
+def test_option_table_names_each_option_variable():
+    for options, variables in option_table():
+        expected = list(dict.fromkeys(twin(o) for o in options
+                                      if o not in NO_ENVIRONMENT_TWIN))
+        assert variables == expected, options
 
 
 def environment_variables() -> set:
     """ZMQPUSH_* variables: the twin of every option but the actions, LOGTYPE's,
     and any the source names literally."""
-    derived = {"ZMQPUSH_" + option[2:].upper().replace("-", "_")
-               for option in help_options() - NO_ENVIRONMENT_TWIN}
+    derived = {twin(option) for option in help_options() - NO_ENVIRONMENT_TWIN}
     literal = set(re.findall(r"ZMQPUSH_[A-Z][A-Z0-9_]*[A-Z0-9]",
                              (ROOT / "zmqpush.py").read_text()))
     return derived | literal | {"ZMQPUSH_LOGTYPE"}
