@@ -134,3 +134,18 @@ def test_readme_names_every_environment_variable():
     real = environment_variables()
     assert real - named == set(), "variables the README does not name"
     assert named - real == set(), "variables the README names that do not exist"
+
+
+def section_references() -> list:
+    """(file, section) for every 'README "…"' heading the code, tests and benchmarks cite."""
+    sources = [ROOT / "zmqpush.py", ROOT / "zmqpush-watermark.py", ROOT / "setup.py",
+               *sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "bench").glob("*.py"))]
+    return [(source.name, section) for source in sources
+            for section in re.findall(r'README \\?"([A-Z][^"\\]*)\\?"', source.read_text())]
+
+
+def test_cited_readme_sections_exist():
+    headings = anchors(ROOT / "README.md")
+    cited = section_references()
+    assert ("zmqpush.py", "Flow control and memory") in cited
+    assert [(f, s) for f, s in cited if github_slug(s) not in headings] == []
