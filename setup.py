@@ -1,4 +1,4 @@
-"""Install zmqpush (README "Install"): the zmqpush module, which pip compiles to
+"""Install zmqpush (README.md's first command): the zmqpush module, which pip compiles to
 bytecode once, and the zmqpush.py and zmqpush-watermark.py commands on PATH.
 
 The installed zmqpush.py command is a small launcher, not a copy of the

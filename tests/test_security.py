@@ -304,10 +304,12 @@ def test_bind_with_curve_admits_the_listed_client_and_refuses_others(certs):
     try:
         time.sleep(1.0)
         proc.stdin.write(numbered(1000))
-        proc.stdin.close()
-        assert proc.wait(30) == 0
+        proc.stdin.flush()
         assert listed.wait_for(1000) == 1000
         assert stranger.settle(0.3) == plain.settle(0.3) == 0
+        time.sleep(0.7)  # a --stats line after the last delivery
+        proc.stdin.close()
+        assert proc.wait(30) == 0
         err = proc.stderr.read()
     finally:
         stop_process(proc)
