@@ -127,6 +127,9 @@ def main() -> int:
                    help="the zmqpush.py to measure (default: the one beside bench/)")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter for zmqpush and naive.py (default: this one)")
+    p.add_argument("--chart", metavar="PNG",
+                   help="also draw %%CPU against load for each shipper into PNG "
+                   "(needs matplotlib: pip install '.[bench]')")
     args = p.parse_args()
     shippers = {
         "zmqpush": [args.python, args.zmqpush, "-q", "-c", "ENDPOINT"],
@@ -185,7 +188,30 @@ def main() -> int:
               "measurements.")
     script = os.path.relpath(__file__)
     print(f"Command: `{shlex.join(['python', script, *sys.argv[1:]])}`")
+    if args.chart:
+        draw_chart(args.chart, {n: [med(load, n, "cpu") for load in LOADS] for n in names})
     return 0
+
+
+def draw_chart(path: str, cpu: dict):
+    """%CPU of each shipper (a line each) against the loads, on a log scale."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    labels = [f"{rate:,} lines/s\n{'one write a line' if per == 1 else f'{per} lines a write'}"
+              for rate, per in LOADS]
+    fig, ax = pyplot.subplots(figsize=(8, 4.5), dpi=100)
+    for name, values in cpu.items():
+        ax.plot(labels, values, marker="o", linewidth=2.5 if name == "zmqpush" else 1.2,
+                label=name)
+    ax.set_yscale("log")
+    ax.set_ylabel("%CPU of one core (log scale)")
+    ax.set_title("CPU at paced rates (bench/paced.py): lower is better")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 if __name__ == "__main__":
