@@ -127,6 +127,8 @@ def main() -> int:
                    help="the zmqpush.py to measure (default: the one beside bench/)")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter for zmqpush and naive.py (default: this one)")
+    p.add_argument("--windows", default="",
+                   help="also zmqpush at these --coalesce windows (comma-separated seconds)")
     p.add_argument("--chart", metavar="PNG",
                    help="also draw %%CPU against load for each shipper into PNG "
                    "(needs matplotlib: pip install '.[bench]')")
@@ -140,6 +142,9 @@ def main() -> int:
         "skeleton": [args.python, str(HERE / "skeleton.py"), "ENDPOINT"],
         "bare asyncio": [args.python, str(HERE / "skeleton.py"), "--bare", "ENDPOINT"],
     }
+    for window in filter(None, args.windows.split(",")):
+        shippers[f"zmqpush --coalesce {window}"] = [args.python, args.zmqpush, "-q",
+                                                    "--coalesce", window, "-c", "ENDPOINT"]
     if args.batch:
         shippers["zmqpush --batch"] = [args.python, args.zmqpush, "-q", "--batch",
                                        "-c", "ENDPOINT"]
