@@ -1758,9 +1758,10 @@ SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 MAX_SEGMENT_BYTES = 16 << 20
 # After a write error the spool is full until it is tried again this much later.
 SPOOL_RETRY = 1.0
-# The position file is rewritten at most this often (a stale one only means
-# that a new run sends again a little of what was done).
-POSITION_DELAY = 1.0
+# The position file is rewritten at most this often, the first time at once (a
+# stale one only means that a new run sends again a little of what was done;
+# a run killed soon after its start must still leave its progress there).
+POSITION_DELAY = 0.1
 SCAN_BYTES = 64 << 10  # a damaged stretch is searched for the next record in these
 
 
@@ -1821,11 +1822,13 @@ class Spool:
 
     Positions are byte offsets in one endless log; a segment file is named by
     the offset of its first byte.  `end` is where the next record goes.
-    Records before `safe` are done (delivered, or past the replay window): the
-    position file holds it, lagging at most POSITION_DELAY, and a new run
-    starts there; segments wholly before it are deleted, `nbytes` is what the
-    others take.  A run writes its own segments (a torn record a crash left
-    at the end of the last one is never appended to).
+    Records before `safe` are done (delivered, or past the replay window):
+    segments wholly before it are deleted, `nbytes` is what the others take.
+    `position` (at least `safe`) is where a new run starts: records before it
+    are past what a receiver's host can still hold (see SpoolWindow); the
+    position file holds it, lagging at most POSITION_DELAY.  A run writes its
+    own segments (a torn record a crash left at the end of the last one is
+    never appended to).
 
     append() writes a record with one writev and flushes per `sync`: 0 after
     every write, inf never (the OS decides), else at most `sync` seconds after
@@ -1860,6 +1863,8 @@ class Spool:
                                         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             self._starts, self._sizes = self._segments()
             self.safe = self._read_position()
+            self._done = self.safe  # see position
+            self._position_written = -POSITION_DELAY  # (monotonic time)
         except OSError as exc:
             raise SpoolError(f"cannot use --spool {directory}: "
                              f"{exc.strerror or exc}") from None
@@ -1906,6 +1911,10 @@ class Spool:
         return int(found[1]) if found else 0  # (as written: 20 digits, like segment names)
 
     # -- writing
+
+    def failing(self) -> bool:
+        """True while append() refuses after a write error (see _failed)."""
+        return time.monotonic() < self._error_until
 
     def full(self) -> bool:
         """True while append() would refuse: at the cap, or after a write error."""
@@ -2042,8 +2051,32 @@ class Spool:
         self.safe = upto
         if self._delete_done():
             self.wake_room()
-        if self._position_timer is None:
-            self._position_timer = self._loop.call_later(POSITION_DELAY, self._write_position)
+        self._position_soon()
+
+    @property
+    def position(self) -> int:
+        """Where a new run on the spool starts (see the class)."""
+        return max(self.safe, self._done)
+
+    def move_position(self, to: int):
+        """Make `to` the position (never before `safe`): forward as
+        records get past what a receiver can lose, back when a receiver went
+        away; written to the position file soon.  Nothing is deleted."""
+        if to != self._done:
+            self._done = to
+            self._position_soon()
+
+    def _position_soon(self):
+        """Write the position file now if it was not written for POSITION_DELAY
+        (a run killed soon after its start keeps its progress), else once
+        that much time has passed since."""
+        if self._position_timer is not None:
+            return
+        wait = self._position_written + POSITION_DELAY - time.monotonic()
+        if wait <= 0:
+            self._write_position()
+        else:
+            self._position_timer = self._loop.call_later(wait, self._write_position)
 
     def _delete_done(self) -> bool:
         """Delete the segments wholly before `safe`; True if any was."""
@@ -2065,8 +2098,9 @@ class Spool:
 
     def _write_position(self):
         self._position_timer = None
+        self._position_written = time.monotonic()
         try:
-            os.pwrite(self._position_fd, b"%020d\n" % self.safe, 0)
+            os.pwrite(self._position_fd, b"%020d\n" % self.position, 0)
         except OSError:
             pass  # a stale position only sends again what was done
 
@@ -2222,13 +2256,15 @@ class SpoolQueue(ByteQueue):
         return True
 
     def _memory_only_nowait(self, parcel: Parcel, caught_up: bool) -> bool:
-        """The spool refused parcel (a full disk, a write error, the cap):
-        keep it in memory only, unspooled (end 0), counted in
-        counters.events_memory_only, if memory_only allows it, nothing
-        spooled waits to be sent before it (order holds) and memory has
-        room; False otherwise.  A receiver that is up thus never waits on
-        a disk that has no room."""
-        if not (self.memory_only and caught_up and self.nbytes < self.bound):
+        """The spool refused parcel: keep it in memory only, unspooled (end
+        0), counted in counters.events_memory_only, if memory_only allows
+        it, the refusal was a write error (a full disk: not the cap, where
+        --when-full decides), and the sender has taken everything before it
+        (order holds); False otherwise.  A receiver that takes the lines
+        thus never waits on a disk that has no room, and one that does not
+        leaves at most this Parcel in memory only."""
+        if not (self.memory_only and caught_up and not self._queue
+                and self._spool.failing()):
             return False
         ByteQueue.put_nowait(self, parcel)
         self._counters.events_memory_only += sum(parcel.events)
@@ -2891,12 +2927,47 @@ class SpoolWindow(ReplayWindow):
     lately lie, not their messages, so it costs no memory; replay() rewinds
     the SpoolQueue to the oldest.  The spool's `safe` follows the window's
     oldest record or, once the window is emptied (see ReplayWindow), the end
-    of what was handed."""
+    of what was handed.
 
-    def __init__(self, limit: int, queue: SpoolQueue, unsent_bytes, spool: Spool):
+    The spool's position (where a new run starts, after a crash) follows
+    what a receiver can no longer lose: the records handed before the newest
+    `held_bytes()` of them, what a receiver's host and our side can hold at
+    most (RECEIVER_KERNEL_BYTES, REPLAY_SNDBUF, and STOCK_RCVHWM plus SNDHWM
+    messages of the average size handed lately), never more than the window.
+    So every run that hands more than that makes progress, whatever the
+    window's size.  When a receiver goes away, the position goes back to
+    where the replay starts."""
+
+    def __init__(self, limit: int, queue: SpoolQueue, unsent_bytes, spool: Spool,
+                 sndhwm: int):
         super().__init__(limit, queue, unsent_bytes)
         self._spool = spool
         self._handed_end = spool.safe
+        self._messages_held = STOCK_RCVHWM + sndhwm
+        # The newest records handed: (start, spool bytes, messages), and their totals
+        self._recent: collections.deque = collections.deque()
+        self._recent_bytes = self._recent_messages = 0
+
+    def held_bytes(self) -> int:
+        """Spool bytes of the newest records handed that a receiver's host
+        and our own buffers may still hold (see the class)."""
+        average = self._recent_bytes / max(1, self._recent_messages)
+        return min(self.limit, RECEIVER_KERNEL_BYTES + REPLAY_SNDBUF
+                   + int(self._messages_held * average))
+
+    def _follow(self, parcel: Parcel):
+        """Move the spool's position past the records no receiver can lose."""
+        recent = self._recent
+        recent.append((parcel.start, parcel.end - parcel.start, len(parcel.messages)))
+        self._recent_bytes += parcel.end - parcel.start
+        self._recent_messages += len(parcel.messages)
+        held = self.held_bytes()
+        while self._recent_bytes - recent[0][1] >= held:
+            _, size, messages = recent.popleft()
+            self._recent_bytes -= size
+            self._recent_messages -= messages
+        if self._recent_bytes >= held:
+            self._spool.move_position(recent[0][0])
 
     def add(self, parcel: Parcel):
         """parcel (with its place in the spool) was handed to ZeroMQ; one
@@ -2912,6 +2983,7 @@ class SpoolWindow(ReplayWindow):
         while self.nbytes - self._parcels[0][1] >= self.limit:
             self.nbytes -= self._parcels.popleft()[1]
         self._spool.release(self._parcels[0][0])
+        self._follow(parcel)
 
     def replay(self, in_progress: Parcel | None) -> int:
         """A receiver went away: rewind the queue to the window's oldest
@@ -2932,13 +3004,20 @@ class SpoolWindow(ReplayWindow):
             events += sum(in_progress.events)
         self._parcels.clear()
         self.nbytes = 0
+        self._forget_recent()
+        self._spool.move_position(start)
         self._queue.rewind(start, self._handed_end)
         return events
+
+    def _forget_recent(self):
+        self._recent.clear()
+        self._recent_bytes = self._recent_messages = 0
 
     def _take(self) -> list:
         """Empty the window: everything handed is done."""
         self._parcels.clear()
         self.nbytes = 0
+        self._forget_recent()
         self._spool.release(self._handed_end)
         return []
 
@@ -3533,7 +3612,7 @@ class Shipper:
             window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes)
         else:
             window = SpoolWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
-                                 spool)
+                                 spool, config.sndhwm)
         self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
 
@@ -3681,7 +3760,7 @@ class Shipper:
         if memory_only:
             problems.append(f"{memory_only} messages kept in memory only (the spool could "
                             "not take them) were not handed to ZeroMQ: lost")
-        left = spool.end - spool.safe
+        left = spool.end - spool.position
         if left:
             problems.append(f"{left} bytes stay in the spool {spool.directory}: "
                             "the next run on it sends them first")
