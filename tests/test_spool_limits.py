@@ -64,6 +64,7 @@ def test_disk_full_with_the_receiver_up_every_line_goes_out_from_memory(tmp_path
             producer.start()
             code = proc.wait(40)
             err = proc.stderr.read().decode()
+            receiver.wait_for(DISK_LINES, 10)  # delivered to the kernel: the thread reads on
         finally:
             stop_process(proc)
             receiver.stop()
