@@ -1154,6 +1154,7 @@ class Counters:
         self.refused = 0
         self.events_found = 0  # read from what a previous run left in the spool
         self.events_unspooled = 0  # read, never written to the spool (write errors)
+        self.events_memory_only = 0  # read, not spooled, queued in memory (SpoolQueue)
         self.spool_corrupt = 0
 
     def not_handed(self) -> int:
@@ -1757,9 +1758,10 @@ SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 MAX_SEGMENT_BYTES = 16 << 20
 # After a write error the spool is full until it is tried again this much later.
 SPOOL_RETRY = 1.0
-# The position file is rewritten at most this often (a stale one only means
-# that a new run sends again a little of what was done).
-POSITION_DELAY = 1.0
+# The position file is rewritten at most this often, the first time at once (a
+# stale one only means that a new run sends again a little of what was done;
+# a run killed soon after its start must still leave its progress there).
+POSITION_DELAY = 0.1
 SCAN_BYTES = 64 << 10  # a damaged stretch is searched for the next record in these
 
 
@@ -1820,11 +1822,13 @@ class Spool:
 
     Positions are byte offsets in one endless log; a segment file is named by
     the offset of its first byte.  `end` is where the next record goes.
-    Records before `safe` are done (delivered, or past the replay window): the
-    position file holds it, lagging at most POSITION_DELAY, and a new run
-    starts there; segments wholly before it are deleted, `nbytes` is what the
-    others take.  A run writes its own segments (a torn record a crash left
-    at the end of the last one is never appended to).
+    Records before `safe` are done (delivered, or past the replay window):
+    segments wholly before it are deleted, `nbytes` is what the others take.
+    `position` (at least `safe`) is where a new run starts: records before it
+    are past what a receiver's host can still hold (see SpoolWindow); the
+    position file holds it, lagging at most POSITION_DELAY.  A run writes its
+    own segments (a torn record a crash left at the end of the last one is
+    never appended to).
 
     append() writes a record with one writev and flushes per `sync`: 0 after
     every write, inf never (the OS decides), else at most `sync` seconds after
@@ -1859,6 +1863,8 @@ class Spool:
                                         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             self._starts, self._sizes = self._segments()
             self.safe = self._read_position()
+            self._done = self.safe  # see position
+            self._position_written = -POSITION_DELAY  # (monotonic time)
         except OSError as exc:
             raise SpoolError(f"cannot use --spool {directory}: "
                              f"{exc.strerror or exc}") from None
@@ -1905,6 +1911,10 @@ class Spool:
         return int(found[1]) if found else 0  # (as written: 20 digits, like segment names)
 
     # -- writing
+
+    def failing(self) -> bool:
+        """True while append() refuses after a write error (see _failed)."""
+        return time.monotonic() < self._error_until
 
     def full(self) -> bool:
         """True while append() would refuse: at the cap, or after a write error."""
@@ -2041,8 +2051,32 @@ class Spool:
         self.safe = upto
         if self._delete_done():
             self.wake_room()
-        if self._position_timer is None:
-            self._position_timer = self._loop.call_later(POSITION_DELAY, self._write_position)
+        self._position_soon()
+
+    @property
+    def position(self) -> int:
+        """Where a new run on the spool starts (see the class)."""
+        return max(self.safe, self._done)
+
+    def move_position(self, to: int):
+        """Make `to` the position (never before `safe`): forward as
+        records get past what a receiver can lose, back when a receiver went
+        away; written to the position file soon.  Nothing is deleted."""
+        if to != self._done:
+            self._done = to
+            self._position_soon()
+
+    def _position_soon(self):
+        """Write the position file now if it was not written for POSITION_DELAY
+        (a run killed soon after its start keeps its progress), else once
+        that much time has passed since."""
+        if self._position_timer is not None:
+            return
+        wait = self._position_written + POSITION_DELAY - time.monotonic()
+        if wait <= 0:
+            self._write_position()
+        else:
+            self._position_timer = self._loop.call_later(wait, self._write_position)
 
     def _delete_done(self) -> bool:
         """Delete the segments wholly before `safe`; True if any was."""
@@ -2064,8 +2098,9 @@ class Spool:
 
     def _write_position(self):
         self._position_timer = None
+        self._position_written = time.monotonic()
         try:
-            os.pwrite(self._position_fd, b"%020d\n" % self.safe, 0)
+            os.pwrite(self._position_fd, b"%020d\n" % self.position, 0)
         except OSError:
             pass  # a stale position only sends again what was done
 
@@ -2185,15 +2220,18 @@ class SpoolQueue(ByteQueue):
     read the spool back from `cursor`, the next record neither sent nor in
     memory: what a previous run left comes first (counted read as it is
     read), then what this run spooled, in order.  END comes after all of it.
+    When the spool refuses a Parcel (see _memory_only_nowait) it may be kept
+    in memory only: such a Parcel has no place in the spool (end 0).
 
     rewind() (a receiver went away) drops what memory holds and reads again
     from an earlier position; records up to the position handed last then
     come back as replayed Parcels.  `rewinds` counts the rewinds."""
 
-    def __init__(self, maxsize: int, spool: Spool, counters):
+    def __init__(self, maxsize: int, spool: Spool, counters, memory_only: bool = True):
         super().__init__(maxsize)
         self._spool = spool
         self._counters = counters
+        self.memory_only = memory_only  # see _memory_only_nowait
         self.cursor = spool.safe
         self.rewinds = 0
         self._replay_until = 0
@@ -2202,12 +2240,14 @@ class SpoolQueue(ByteQueue):
         self._end_given = False
 
     def spool_nowait(self, parcel: Parcel) -> bool:
-        """Spool parcel (and keep it in memory if it may be); False if the spool is full."""
+        """Spool parcel (and keep it in memory if it may be), or, when the
+        spool is full, keep it in memory only if it may be (see
+        _memory_only_nowait); False if neither."""
         spool = self._spool
         caught_up = self.cursor == spool.end
         placed = spool.append(parcel)
         if placed is None:
-            return False
+            return self._memory_only_nowait(parcel, caught_up)
         if caught_up and self.nbytes < self.bound:
             ByteQueue.put_nowait(self, placed)
             self.cursor = placed.end
@@ -2215,14 +2255,46 @@ class SpoolQueue(ByteQueue):
             self._wakeup_next(self._getters)
         return True
 
+    def _memory_only_nowait(self, parcel: Parcel, caught_up: bool) -> bool:
+        """The spool refused parcel: keep it in memory only, unspooled (end
+        0), counted in counters.events_memory_only, if memory_only allows
+        it, the refusal was a write error (a full disk: not the cap, where
+        --when-full decides), and the sender has taken everything before it
+        (order holds); False otherwise.  A receiver that takes the lines
+        thus never waits on a disk that has no room, and one that does not
+        leaves at most this Parcel in memory only."""
+        if not (self.memory_only and caught_up and not self._queue
+                and self._spool.failing()):
+            return False
+        ByteQueue.put_nowait(self, parcel)
+        self._counters.events_memory_only += sum(parcel.events)
+        return True
+
     async def put(self, item):
-        """Spool item, waiting while the spool is full; END: after all spooled."""
+        """Spool item, waiting while neither the spool nor memory may take
+        it (see spool_nowait); END: after all spooled."""
         if item is END:
             self._end_put = True
             self._wakeup_next(self._getters)
             return
         while not self.spool_nowait(item):
-            await self._spool.room()
+            await self._room()
+
+    async def _room(self):
+        """Wait until the spool may take a record again (see Spool.room), or
+        the sender took something (memory may have room, or the spool is
+        read to its end)."""
+        loop = asyncio.get_running_loop()
+        taken = loop.create_future()
+        self._putters.append(taken)
+        room = loop.create_task(self._spool.room())
+        try:
+            await asyncio.wait((taken, room), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            room.cancel()
+            taken.cancel()
+            if taken in self._putters:
+                self._putters.remove(taken)
 
     def empty(self) -> bool:
         return (not self._queue and self.cursor >= self._spool.end
@@ -2249,6 +2321,8 @@ class SpoolQueue(ByteQueue):
         while self.cursor < spool.end:
             parcel, self.cursor = spool.read(self.cursor)
             if parcel is not None:
+                if self._putters and self.cursor >= spool.end:
+                    self._wakeup_next(self._putters)  # caught up: see _memory_only_nowait
                 return self._marked(parcel)
         if self._end_put and not self._end_given:
             self._end_given = True
@@ -2274,13 +2348,22 @@ class SpoolQueue(ByteQueue):
         self._spool.wake_room()
 
     def rewind(self, position: int, handed_end: int):
-        """Send again from position; records up to handed_end are replayed."""
+        """Send again from position; records up to handed_end are replayed.
+        What memory holds is dropped (it is read again from the spool), except
+        Parcels kept in memory only, which the spool cannot give again."""
+        kept = [parcel for parcel in self._queue if not parcel.end]
         self._queue.clear()
-        self.nbytes = 0
+        self._queue.extend(kept)
+        self.nbytes = sum(parcel.nbytes for parcel in kept)
         self.cursor = position
         self._replay_until = max(self._replay_until, handed_end)
         self.rewinds += 1
         self._wakeup_next(self._getters)
+
+    def memory_only_events(self) -> int:
+        """Events of the Parcels kept in memory only that it holds."""
+        return sum(sum(parcel.events) for parcel in self._queue
+                   if parcel is not END and not parcel.end)
 
     def unsent_bytes(self) -> int:
         """Spool bytes from the cursor on (not sent, not in memory)."""
@@ -2288,7 +2371,7 @@ class SpoolQueue(ByteQueue):
 
     def oldest_unsent(self) -> int:
         """Where the oldest record not yet taken by the sender lies."""
-        return self._queue[0].start if self._queue else self.cursor
+        return next((parcel.start for parcel in self._queue if parcel.end), self.cursor)
 
 
 # ---------------------------------------------------------------- sending --
@@ -2844,15 +2927,53 @@ class SpoolWindow(ReplayWindow):
     lately lie, not their messages, so it costs no memory; replay() rewinds
     the SpoolQueue to the oldest.  The spool's `safe` follows the window's
     oldest record or, once the window is emptied (see ReplayWindow), the end
-    of what was handed."""
+    of what was handed.
 
-    def __init__(self, limit: int, queue: SpoolQueue, unsent_bytes, spool: Spool):
+    The spool's position (where a new run starts, after a crash) follows
+    what a receiver can no longer lose: the records handed before the newest
+    `held_bytes()` of them, what a receiver's host and our side can hold at
+    most (RECEIVER_KERNEL_BYTES, REPLAY_SNDBUF, and STOCK_RCVHWM plus SNDHWM
+    messages of the average size handed lately), never more than the window.
+    So every run that hands more than that makes progress, whatever the
+    window's size.  When a receiver goes away, the position goes back to
+    where the replay starts."""
+
+    def __init__(self, limit: int, queue: SpoolQueue, unsent_bytes, spool: Spool,
+                 sndhwm: int):
         super().__init__(limit, queue, unsent_bytes)
         self._spool = spool
         self._handed_end = spool.safe
+        self._messages_held = STOCK_RCVHWM + sndhwm
+        # The newest records handed: (start, spool bytes, messages), and their totals
+        self._recent: collections.deque = collections.deque()
+        self._recent_bytes = self._recent_messages = 0
+
+    def held_bytes(self) -> int:
+        """Spool bytes of the newest records handed that a receiver's host
+        and our own buffers may still hold (see the class)."""
+        average = self._recent_bytes / max(1, self._recent_messages)
+        return min(self.limit, RECEIVER_KERNEL_BYTES + REPLAY_SNDBUF
+                   + int(self._messages_held * average))
+
+    def _follow(self, parcel: Parcel):
+        """Move the spool's position past the records no receiver can lose."""
+        recent = self._recent
+        recent.append((parcel.start, parcel.end - parcel.start, len(parcel.messages)))
+        self._recent_bytes += parcel.end - parcel.start
+        self._recent_messages += len(parcel.messages)
+        held = self.held_bytes()
+        while self._recent_bytes - recent[0][1] >= held:
+            _, size, messages = recent.popleft()
+            self._recent_bytes -= size
+            self._recent_messages -= messages
+        if self._recent_bytes >= held:
+            self._spool.move_position(recent[0][0])
 
     def add(self, parcel: Parcel):
-        """parcel (with its place in the spool) was handed to ZeroMQ."""
+        """parcel (with its place in the spool) was handed to ZeroMQ; one
+        kept in memory only (end 0) has no place to come back to."""
+        if not parcel.end:
+            return
         self._handed_end = parcel.end
         if not self.limit:
             self._spool.release(parcel.end)
@@ -2862,6 +2983,7 @@ class SpoolWindow(ReplayWindow):
         while self.nbytes - self._parcels[0][1] >= self.limit:
             self.nbytes -= self._parcels.popleft()[1]
         self._spool.release(self._parcels[0][0])
+        self._follow(parcel)
 
     def replay(self, in_progress: Parcel | None) -> int:
         """A receiver went away: rewind the queue to the window's oldest
@@ -2869,6 +2991,8 @@ class SpoolWindow(ReplayWindow):
         be sent again."""
         if not self.limit:
             return 0
+        if in_progress is not None and not in_progress.end:
+            in_progress = None  # kept in memory only: the sender goes on with it
         events = sum(entry[2] for entry in self._parcels)
         if self._parcels:
             start = self._parcels[0][0]
@@ -2880,13 +3004,20 @@ class SpoolWindow(ReplayWindow):
             events += sum(in_progress.events)
         self._parcels.clear()
         self.nbytes = 0
+        self._forget_recent()
+        self._spool.move_position(start)
         self._queue.rewind(start, self._handed_end)
         return events
+
+    def _forget_recent(self):
+        self._recent.clear()
+        self._recent_bytes = self._recent_messages = 0
 
     def _take(self) -> list:
         """Empty the window: everything handed is done."""
         self._parcels.clear()
         self.nbytes = 0
+        self._forget_recent()
         self._spool.release(self._handed_end)
         return []
 
@@ -3089,7 +3220,7 @@ class Sender:
                 spilled = self.spill(messages, events, sent, parcel.replayed)
                 await self.flush()
                 self._handed = spilled
-                if self._queue.rewinds != rewinds:
+                if self._queue.rewinds != rewinds and parcel.end:
                     self._leave(parcel)
                     return
         self._sent(parcel)
@@ -3109,6 +3240,14 @@ class Sender:
             handed = sum(parcel.events[:self._handed])
             self._counters.events_handed -= handed
             self._counters.events_replayed += handed
+
+    def unhanded_events(self, spooled: bool) -> int:
+        """Events of the Parcel being sent not yet handed to ZeroMQ, if it is
+        spooled (spooled True) or kept in memory only (False), else 0."""
+        current = self._current
+        if current is None or bool(current.end) != spooled:
+            return 0
+        return sum(current.events[self._handed:])
 
     def handed_part(self) -> Parcel | None:
         """What was handed to ZeroMQ of the Parcel being sent, if anything."""
@@ -3304,7 +3443,8 @@ class Reporter:
                 "spool_unsent_bytes": queue.unsent_bytes(),
                 "spool_age": round(spool.age(queue.oldest_unsent()), 1),
                 "spool_corrupt": self._counters.spool_corrupt,
-                "spool_found": self._counters.events_found}
+                "spool_found": self._counters.events_found,
+                "spool_memory_only": self._counters.events_memory_only}
 
     def print_stats(self):
         """One counters line: "zmqpush: read=N ..." or, with --stats-format json, an object."""
@@ -3464,11 +3604,15 @@ class Shipper:
             read_bytes=config.batch_bytes if config.batch else DEFAULT_READ_BYTES,
             drop_when_full=config.when_full == "drop",
             replies=self._replies if spool is not None else None)
+        if spool is not None:
+            # --confirm answers a line once spooled: one kept in memory only
+            # would be answered before anything holds it for good.
+            self._queue.memory_only = not config.confirm
         if spool is None:
             window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes)
         else:
             window = SpoolWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
-                                 spool)
+                                 spool, config.sndhwm)
         self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
 
@@ -3571,8 +3715,9 @@ class Shipper:
         counters, spool = self.counters, self._spool
         not_handed = counters.not_handed()
         problems = []
-        if not_handed > counters.events_unspooled:
-            problems.append(f"{not_handed - counters.events_unspooled} messages were not "
+        lost = counters.events_unspooled + self._memory_only_unhanded()
+        if not_handed > lost:
+            problems.append(f"{not_handed - lost} messages were not "
                             f"handed to ZeroMQ within --linger {self.config.linger:g}s "
                             "(receiver down or too slow)"
                             + ("; the spool keeps them" if spool is not None else ""))
@@ -3611,11 +3756,21 @@ class Shipper:
         if counters.events_unspooled:
             problems.append(f"{counters.events_unspooled} messages read could not be "
                             "written to the spool before the run ended: lost")
-        left = spool.end - spool.safe
+        memory_only = self._memory_only_unhanded()
+        if memory_only:
+            problems.append(f"{memory_only} messages kept in memory only (the spool could "
+                            "not take them) were not handed to ZeroMQ: lost")
+        left = spool.end - spool.position
         if left:
             problems.append(f"{left} bytes stay in the spool {spool.directory}: "
                             "the next run on it sends them first")
         return left
+
+    def _memory_only_unhanded(self) -> int:
+        """Events kept in memory only (see SpoolQueue) not handed to ZeroMQ."""
+        if self._spool is None:
+            return 0
+        return self._queue.memory_only_events() + self._sender.unhanded_events(False)
 
     def _spool_closing(self, left: int) -> str:
         """The closing line's spool part: what came from a previous run, what
@@ -3625,6 +3780,9 @@ class Shipper:
             text += f". Read {counters.events_found} messages a previous run left in the spool"
         if counters.spool_corrupt:
             text += f". Skipped {counters.spool_corrupt} damaged stretches of the spool"
+        if counters.events_memory_only:
+            text += (f". Kept {counters.events_memory_only} messages in memory only "
+                     "(the spool could not take them)")
         return text + f". Spooled: {left} bytes left in {self._spool.directory}"
 
     def _install_signals(self):
