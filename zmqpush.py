@@ -1150,6 +1150,8 @@ class Counters:
         self.connected = 0
         self.disconnects = 0
         self.events_replayed = 0
+        self.events_requeued = 0  # put back in the queue to be replayed (no spool)
+        self.events_refused = 0  # --confirm: lines answered with a refusal (rsyslog's to resend)
         self.handshake_failures = 0
         self.refused = 0
         self.events_found = 0  # read from what a previous run left in the spool
@@ -3325,12 +3327,21 @@ class Confirmer:
     """--confirm (rsyslog omprog confirmMessages) without a spool: the sender
     loop that answers each line read, "OK" once ZeroMQ accepted all of it,
     otherwise a refusal that makes rsyslog send it again; "OK" first of all,
-    when ready."""
+    when ready.
 
-    def __init__(self, sender: Sender, timeout: float, replies: Replies):
+    While no receiver is connected (connected() is 0) a line that ZeroMQ
+    does not take at once is refused at once, not after the timeout: rsyslog
+    waits for each reply before anything else, its shutdown included (its
+    queue workers get about 2.5 s before they are cancelled), so a reply
+    that nothing could turn into "OK" is not made to wait."""
+
+    def __init__(self, sender: Sender, timeout: float, replies: Replies, connected,
+                 counters: Counters):
         self._sender = sender
         self._timeout = timeout
         self._replies = replies
+        self._connected = connected
+        self._counters = counters
 
     async def run(self):
         """Say "OK", then send and answer line by line until END."""
@@ -3354,19 +3365,35 @@ class Confirmer:
         and its retry by rsyslog make a duplicate); while it is there, new
         messages are refused without being kept, so memory stays bounded.
         Accepted messages are kept in the replay window."""
-        sender, line_ok = self._sender, True
+        sender, line_ok, line_events = self._sender, True, 0
         for message, nevents, ends in zip(parcel.messages, parcel.events, parcel.ends_line):
-            accepted = await self._flushed_within()
-            if accepted and not sender.send_now([message], [nevents], 0):
-                sender.window.pressed()
-                sender.spill([message], [nevents], 0)
-                accepted = await self._flushed_within()
+            accepted = line_ok and await self._hand_over(message, nevents)
             if accepted:
                 sender.window.add(parcel_of([message], [nevents], [ends]))
             line_ok = line_ok and accepted
+            line_events += nevents
             if ends:
+                if not line_ok:
+                    self._counters.events_refused += line_events
                 await self._replies.reply(line_ok)
-                line_ok = True
+                line_ok, line_events = True, 0
+
+    async def _hand_over(self, message: bytes, nevents: int) -> bool:
+        """Hand message to ZeroMQ: True once it is accepted, within the
+        timeout; False at once when no receiver is connected and it cannot
+        be accepted now (then it is not kept)."""
+        sender = self._sender
+        if sender.buffered_bytes() and not self._connected():
+            return False
+        if not await self._flushed_within():
+            return False
+        if sender.send_now([message], [nevents], 0):
+            return True
+        sender.window.pressed()
+        if not self._connected():
+            return False
+        sender.spill([message], [nevents], 0)
+        return await self._flushed_within()
 
     def _spill_replay(self, parcel: Parcel):
         """Write a replayed Parcel into the transport at once, without waiting
@@ -3630,6 +3657,8 @@ class Shipper:
         if self._sender is None:
             return
         events = self._sender.window.replay(self._sender.handed_part())
+        if self._spool is None:
+            self.counters.events_requeued += events
         if events:
             self._reporter.say(f"replaying {events} events that may have been in flight to",
                                endpoint)
@@ -3644,7 +3673,8 @@ class Shipper:
         then give the sender until the --linger deadline to deliver what was
         read; then cancel and await every task."""
         if self.config.confirm and self._spool is None:
-            sender = Confirmer(self._sender, self.config.confirm_timeout, self._replies).run()
+            sender = Confirmer(self._sender, self.config.confirm_timeout, self._replies,
+                               lambda: self.counters.connected, self.counters).run()
         else:
             sender = self._sender.run()
         if self.config.confirm and self._stdout_closed:
@@ -3711,12 +3741,21 @@ class Shipper:
         """Say what went wrong or was left undelivered, print the closing line;
         returns the exit code: 1 after a failure, 3 if any line may not have
         been delivered (not handed over, dropped, still held by ZeroMQ, left
-        in the spool, or not waited for with --linger 0), else 0."""
+        in the spool, or not waited for with --linger 0), else 0.  With
+        --confirm and no spool a line is confirmed only once it is handed over,
+        so those not handed were refused or never answered: rsyslog still has
+        them, and they count as no loss."""
         counters, spool = self.counters, self._spool
         not_handed = counters.not_handed()
         problems = []
+        unreplayed = counters.events_requeued - counters.events_replayed
+        if unreplayed > 0:
+            problems.append(f"{unreplayed} messages put back to be sent again after a receiver "
+                            f"went away were not handed to ZeroMQ again within --linger "
+                            f"{self.config.linger:g}s: lost")
         lost = counters.events_unspooled + self._memory_only_unhanded()
-        if not_handed > lost:
+        confirmed_only = self.config.confirm and spool is None
+        if not confirmed_only and not_handed > lost:
             problems.append(f"{not_handed - lost} messages were not "
                             f"handed to ZeroMQ within --linger {self.config.linger:g}s "
                             "(receiver down or too slow)"
@@ -3745,6 +3784,8 @@ class Shipper:
         if counters.disconnects:
             closing += (f". Replayed {counters.events_replayed} messages after "
                         f"{counters.disconnects} receiver disconnects")
+        if counters.events_refused:
+            closing += f". Refused {counters.events_refused} lines to rsyslog (it sends them again)"
         if spool is not None:
             closing += self._spool_closing(left)
         write_stderr(closing + "\n")
