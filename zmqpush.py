@@ -733,9 +733,13 @@ def make_certificate(base: str) -> tuple:
     """Write a new CURVE key pair: base.key, the public certificate (mode 0644
     less the umask), and base.key_secret, both keys (mode 0600); the names
     pyzmq's create_certificates uses, which czmq's zcert_load("base.key") also
-    finds.  Never overwrites: UsageError if either exists.  Returns (public
-    file, secret file, public key); OSError if they cannot be written (then
-    neither is left behind)."""
+    finds.  Never overwrites: UsageError if either exists, or if base names
+    no file (empty, or ending in "/": its files would be hidden ".key" files).
+    Returns (public file, secret file, public key); OSError if they cannot be
+    written (then neither is left behind)."""
+    if not os.path.basename(base):
+        raise UsageError(f"--make-cert {base!r}: name a file to write, such as "
+                         "DIR/NAME (NAME.key and NAME.key_secret are written)")
     import zmq
     if not zmq.has("curve"):
         raise UsageError("this libzmq has no CURVE support")
