@@ -1500,6 +1500,11 @@ class Replies:
 
 # Under glibc's smallest threshold for serving an allocation with mmap (128 KiB).
 SLOW_READ_BYTES = 32 << 10
+# The largest packet of a packet-mode pipe (O_DIRECT): Linux splits a write into
+# packets of a page each (PIPE_BUF, 4096, where pages are 4 KiB).
+PIPE_PACKET_BYTES = max(select.PIPE_BUF, os.sysconf("SC_PAGE_SIZE"))
+# Socket types whose every read returns one packet and discards what did not fit.
+_PACKET_SOCKETS = (socket.SOCK_SEQPACKET, socket.SOCK_DGRAM)
 # epoll events after which the reader no longer trusts FIONREAD (see _drained).
 _HANGUP_EVENTS = select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR
 
@@ -1514,6 +1519,13 @@ class StdinReader:
     Regular files, /dev/null, /dev/zero and the like cannot be polled: they are
     read directly, always with policy "block" (nothing upstream waits on them,
     so dropping would only lose lines).
+
+    No byte of a packet source is lost (a read returns one packet there, and
+    the kernel discards what does not fit): every read of a pipe asks for at
+    least PIPE_PACKET_BYTES (a packet-mode pipe's largest packet), and on a
+    SEQPACKET or datagram socket each read is sized by peeking at the length
+    of the packet waiting (see _read_packet).  Which kind stdin is, is told
+    once, at start.
 
     It reads until EAGAIN (a short read does not prove a pipe or socket empty:
     packet-mode pipes, SEQPACKET and ancillary data stop reads short), or, on
@@ -1536,8 +1548,6 @@ class StdinReader:
         self._encoder = encoder
         self._framer = framer
         self._counters = counters
-        self._read_bytes = read_bytes
-        self._asking = read_bytes  # what the next read asks for (see _read)
         self._stopping = False
         self.ended = asyncio.Event()
         self._read_at = time.time()
@@ -1546,9 +1556,28 @@ class StdinReader:
         self._flags = None
         self._hung_up = False  # epoll said HUP, RDHUP or ERR: read on to EAGAIN or EOF
         self._queued_bytes = bytearray(4)  # FIONREAD's answer (see _drained)
+        mode = os.fstat(fd).st_mode
+        self._packet_socket = self._packet_socket_of(fd) if stat.S_ISSOCK(mode) else None
+        if self._packet_socket is not None:
+            self._read_ready = self._read_packet
+            self._peeked = bytearray(1)
+        least = PIPE_PACKET_BYTES if stat.S_ISFIFO(mode) else 1
+        self._read_bytes = max(read_bytes, least)
+        self._slow_bytes = max(min(read_bytes, SLOW_READ_BYTES), least)  # see _read_ready
+        self._asking = self._read_bytes  # what the next read asks for
         self._epoll = self._watch()
-        self._fifo = self._epoll is not None and stat.S_ISFIFO(os.fstat(fd).st_mode)
+        self._fifo = self._epoll is not None and stat.S_ISFIFO(mode)
         self._drop = drop_when_full and self._epoll is not None
+
+    @staticmethod
+    def _packet_socket_of(fd: int) -> socket.socket | None:
+        """A socket on a duplicate of fd if fd is a SEQPACKET or datagram socket
+        (its own descriptor: closing it leaves fd open), else None."""
+        sock = socket.socket(fileno=os.dup(fd))
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) in _PACKET_SOCKETS:
+            return sock
+        sock.close()
+        return None
 
     def _watch(self):
         """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
@@ -1592,6 +1621,9 @@ class StdinReader:
         if self._flags is not None:
             os.set_blocking(self._fd, self._flags)
             self._flags = None
+        if self._packet_socket is not None:
+            self._packet_socket.close()
+            self._packet_socket = None
 
     async def run(self):
         """Read until EOF, stop() or a read error; then hand over the unfinished
@@ -1620,7 +1652,7 @@ class StdinReader:
             # turn; any other read gets one.
             short = len(data) < self._asking
             turned = short and waited
-            self._asking = min(self._read_bytes, SLOW_READ_BYTES) if short else self._read_bytes
+            self._asking = self._slow_bytes if short else self._read_bytes
         self.ended.set()
         await self._hand_over(self._framer.finish(), 0)
         await self._queue.put(END)
@@ -1653,6 +1685,18 @@ class StdinReader:
             if exc.errno == errno.EIO:
                 return b""
             raise
+
+    def _read_packet(self) -> bytes | None:
+        """_read_ready for a SEQPACKET or datagram socket: the next packet whole.
+        A peek with MSG_TRUNC returns the waiting packet's full length, and the
+        read asks for at least that (a packet larger than the read would lose
+        its rest).  An empty packet reads as EOF, as it always did."""
+        try:
+            size = self._packet_socket.recv_into(
+                self._peeked, 1, socket.MSG_PEEK | socket.MSG_TRUNC | socket.MSG_DONTWAIT)
+            return os.read(self._fd, max(size, self._asking))
+        except BlockingIOError:
+            return None
 
     async def _read_after_wait(self) -> bytes:
         """The next bytes of stdin, waiting on epoll for them; b"" at EOF or

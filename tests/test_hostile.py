@@ -573,6 +573,63 @@ def test_a_terminal_line_followed_at_once_by_end_of_file_ends_the_run(receiver):
         os.close(master)
 
 
+def packet_source(kind: str) -> tuple:
+    """(read end, send, close, largest packet) of a packet source: a packet-mode
+    pipe (O_DIRECT: the kernel cuts a write into packets of a page), or a
+    SEQPACKET or datagram socket pair whose sender may send as much as its
+    send buffer holds in one packet."""
+    if kind == "packet-pipe":
+        read_end, write_end = os.pipe2(os.O_DIRECT)
+        return (read_end, lambda data: os.write(write_end, data),
+                lambda: os.close(write_end), 1 << 20)
+    kinds = {"seqpacket": socket.SOCK_SEQPACKET, "dgram": socket.SOCK_DGRAM}
+    ours, theirs = socket.socketpair(socket.AF_UNIX, kinds[kind])
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    ours.settimeout(20)
+    largest = ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 1024
+    return theirs.detach(), ours.send, ours.close, largest
+
+
+def wait_for_events(receiver, count: int, timeout: float = 30.0) -> int:
+    """Wait until count events (array elements too) arrived or timeout."""
+    deadline = time.monotonic() + timeout
+    while len(receiver.events()) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(receiver.events())
+
+
+@pytest.mark.parametrize("kind, args", [
+    ("seqpacket", []), ("seqpacket", ["--batch", "--batch-bytes", "100"]), ("dgram", []),
+    ("packet-pipe", []), ("packet-pipe", ["--batch", "--batch-bytes", "100"]),
+    ("packet-pipe", ["--batch", "--batch-bytes", "4000"])])
+def test_a_packet_source_loses_no_byte_whatever_its_packet_and_read_sizes(receiver, kind, args):
+    """A read of a packet source returns one packet, and the kernel discards what
+    does not fit.  A small packet, one of 500 lines (45,500 bytes), one as large
+    as the sender's buffer allows (past the default read size where it can), and
+    another small one: every line arrives as written, none lost, none joined."""
+    read_end, send, close, largest = packet_source(kind)
+    line = b"%05d" + b"x" * 85 + b"\n"
+    packets = [b"small-1\n", b"".join(line % n for n in range(500)),
+               b"".join(line % n for n in range(min(3300, largest // len(line % 0)))),
+               b"small-2\n"]
+    expected = [text.decode() for p in packets for text in p.split(b"\n")[:-1]]
+    proc = start(["-c", receiver.endpoint, *args], stdin=read_end)
+    os.close(read_end)
+    try:
+        for packet in packets:
+            assert send(packet) == len(packet)
+        assert wait_for_events(receiver, len(expected)) >= len(expected)
+        if kind == "dgram":  # a datagram socket never ends
+            proc.send_signal(signal.SIGTERM)
+        close()
+        err = proc.communicate(timeout=30)[1]
+        assert proc.returncode == 0, err
+        assert closing_count(err) == len(expected)
+        assert receiver.messages() == expected
+    finally:
+        stop_process(proc)
+
+
 @pytest.mark.parametrize("kind", ["packet-pipe", "seqpacket"])
 def test_input_whose_reads_stop_short_with_data_left_is_shipped_while_the_writer_waits(
         receiver, kind):
