@@ -1187,37 +1187,70 @@ class LineFramer:
 
     No line longer than max_line_bytes is ever held: longer ones leave as
     pieces cut at UTF-8 character boundaries, all but the last marked continues.
-    Every message is at most max_line_bytes (a line's CR before its newline is
-    not part of its message); max_line_bytes >= 4, one UTF-8 character, so a
-    cut in valid UTF-8 never falls inside a character.
+    Every message is at most max_line_bytes once invalid UTF-8 became U+FFFD
+    (a line's CR before its newline is not part of its message);
+    max_line_bytes >= 4, one UTF-8 character, so a cut in valid UTF-8 never
+    falls inside a character.
+
+    Repair can triple a line (an invalid byte becomes the 3 bytes of U+FFFD):
+    a Segment that holds a line longer than a third of the limit and is not
+    ASCII is repaired here, and cut again if it grew past the limit (the
+    encoder finds it valid then).  Shorter lines, the common case, cost no
+    test beyond a comparison or a few searches (see _fits_repaired).
     """
 
     def __init__(self, max_line_bytes: int):
         self._max = max_line_bytes
         self._lone = min(max_line_bytes, LONE_LINE_BYTES)
+        self._third = max_line_bytes // 3  # a line this long fits even once repaired
         self._pending = bytearray()
 
     def feed(self, data: bytes) -> list:
         """Segments completed by data, in order."""
         newline = data.rfind(b"\n")
-        if 0 <= newline == len(data) - 1 and newline <= self._lone and not self._pending:
+        if 0 <= newline == len(data) - 1 and newline <= self._lone and not self._pending \
+                and (newline <= self._third or lines_within(data, self._third)):
             return [_new_tuple(Segment, (data, True, False))]  # the common read: whole
             # short lines, nothing held
         if newline < 0:
             self._pending += data
-            return self._split_pending()
+            return self._repaired(self._split_pending())
         view = memoryview(data)
         complete = (b"".join((self._pending, view[: newline + 1])) if self._pending
                     else data[: newline + 1])
         self._pending = bytearray(view[newline + 1:])
-        return self._segments(complete) + self._split_pending()
+        return self._repaired(self._segments(complete) + self._split_pending())
 
     def finish(self) -> list:
         """The unfinished last line (no newline at EOF), if any."""
         if not self._pending:
             return []
         last, self._pending = bytes(self._pending) + b"\n", bytearray()
-        return [Segment(last, strip_cr=False)]
+        return self._repaired([Segment(last, strip_cr=False)])
+
+    def _repaired(self, segments: list) -> list:
+        """segments, each that repair would take past the limit repaired and cut
+        again: a run of lines as _segments() cuts it, a piece (or the last line
+        at EOF, whose CR stays) into pieces of its own, the last keeping its
+        marks."""
+        if all(self._fits_repaired(seg.lines) for seg in segments):
+            return segments
+        out = []
+        for seg in segments:
+            fixed = seg.lines if self._fits_repaired(seg.lines) else valid_utf8(seg.lines)
+            if fixed is seg.lines:
+                out.append(seg)
+            elif seg.strip_cr:
+                out += self._segments(fixed)
+            else:
+                out += self._pieces(fixed[:-1], strip_cr=False, continues=seg.continues)
+        return out
+
+    def _fits_repaired(self, lines: bytes) -> bool:
+        """True if no line of lines (ending in b"\\n") can pass the limit once
+        repaired: each is at most a third of it, or all are ASCII."""
+        return len(lines) <= self._third + 1 or lines_within(lines, self._third) \
+            or lines.isascii()
 
     def _segments(self, complete: bytes) -> list:
         """complete (whole lines) as Segments, over-long lines split into pieces,
@@ -1245,13 +1278,16 @@ class LineFramer:
             out.append(Segment(b"\n".join(run) + b"\n"))
         return out
 
-    def _pieces(self, line: bytes) -> list:
+    def _pieces(self, line: bytes, strip_cr: bool = True, continues: bool = False) -> list:
+        """line as pieces of at most max bytes (a CR that strip_cr strips not
+        counted), all but the last marked continues; the last is marked as
+        strip_cr and continues say."""
         out = []
-        while len(line) > self._max + (line[-1:] == b"\r"):
+        while len(line) > self._max + (strip_cr and line[-1:] == b"\r"):
             cut = self._cut(line)
             out.append(Segment(line[:cut] + b"\n", strip_cr=False, continues=True))
             line = line[cut:]
-        out.append(Segment(line + b"\n"))
+        out.append(Segment(line + b"\n", strip_cr, continues))
         return out
 
     def _split_pending(self) -> list:

@@ -123,13 +123,14 @@ def test_environment_values_that_are_not_utf8_are_usage_errors(name):
 
 def framed_messages(chunks: list, limit: int) -> list:
     """(message bytes, continues) for each message the framer makes of chunks,
-    as the encoder will send it (one CR before a newline stripped where asked)."""
+    as the encoder will send it (one CR before a newline stripped where asked,
+    invalid UTF-8 repaired)."""
     framer = zmqpush.LineFramer(limit)
     segments = [s for chunk in chunks for s in framer.feed(chunk)] + framer.finish()
     out = []
     for seg in segments:
         lines = seg.lines.replace(b"\r\n", b"\n") if seg.strip_cr else seg.lines
-        out += [(line, seg.continues) for line in lines.split(b"\n")[:-1]]
+        out += [(line, seg.continues) for line in zmqpush.valid_utf8(lines).split(b"\n")[:-1]]
     return out
 
 
@@ -166,9 +167,10 @@ TEXT = st.text(alphabet=st.sampled_from("ab\r\n\t é€😀\u0800\U00010000"), m
 @given(st.binary(max_size=120).map(lambda b: b.replace(b"\x00", b"\n")),
        st.lists(st.integers(0, 200), max_size=6), st.integers(4, 12))
 def test_framer_pieces_never_exceed_the_limit_and_join_back_to_the_bytes(data, cuts, limit):
+    """Counted after repair: an invalid byte becomes the 3 bytes of U+FFFD."""
     messages = framed_messages(chunked(data, cuts), limit)
     assert all(len(message) <= limit for message, _ in messages)
-    assert joined(messages) == expected_lines(data)
+    assert joined(messages) == [zmqpush.valid_utf8(line) for line in expected_lines(data)]
 
 
 @settings(max_examples=500, deadline=None)
@@ -202,6 +204,24 @@ def test_the_smallest_limit_keeps_every_character(receiver):
     assert proc.returncode == 0, proc.stderr
     assert receiver.wait_for(4, 10) == 4
     assert receiver.messages() == ["€", "€", "😀", "a"]
+
+
+@pytest.mark.parametrize("limit, ending", [(None, b"\n"), (None, b""), (4, b"\n"), (10, b"")])
+def test_a_message_stays_within_the_limit_after_invalid_utf8_became_u_fffd(receiver, limit,
+                                                                            ending):
+    """Each invalid byte becomes the 3 bytes of U+FFFD: 70,000 of them are 210,000
+    bytes of message, which must still leave in pieces of at most --max-line-bytes
+    (64 KiB by default) that join back to the repaired line, with or without a
+    final newline."""
+    args = ["-c", receiver.endpoint] + (["--max-line-bytes", str(limit)] if limit else [])
+    count = 70_000 if limit is None else 50
+    proc = run(args, b"\xff" * count + ending)
+    assert proc.returncode == 0, proc.stderr
+    receiver.settle()
+    events = receiver.events()
+    assert all(len(e["message"].encode()) <= (limit or 64 << 10) for e in events)
+    assert "".join(e["message"] for e in events) == "\ufffd" * count
+    assert all(e.get("@continues") for e in events[:-1]) and "@continues" not in events[-1]
 
 
 # -- 1. supervision: a failing task ends the run -------------------------------------
