@@ -13,15 +13,17 @@ import os
 import signal
 
 if __name__ == "__main__":
-    # Before the slow imports: rsyslog may forward HUP (or USR1) at any moment,
-    # and their default action would kill the process.  The run's own handlers
-    # replace these dispositions later.
+    # Before the slow imports.  A SIGTERM or SIGINT (unless ignored) that comes
+    # while zmqpush starts waits, blocked, until the run takes it (see
+    # Shipper._install_signals): it neither kills the process nor raises
+    # KeyboardInterrupt inside an import.  rsyslog may forward HUP (or USR1) at
+    # any moment, and their default action would kill the process: the run's
+    # own handlers replace these dispositions later.  (HUP ignored shows that
+    # the others are blocked.)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM} | (
+        {signal.SIGINT} if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else set()))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    # Nothing is read yet: an early SIGINT ends the run as SIGTERM's default
-    # would, without a KeyboardInterrupt traceback from inside an import.
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))
 
 import argparse
 import asyncio
@@ -1647,6 +1649,36 @@ class StdinReader:
         self._wake()
         if isinstance(self._queue, SpoolQueue):
             self._queue.take_past_cap()
+
+    def stop_when_read(self):
+        """Read what stdin holds now (FIONREAD's count), never waiting for more,
+        then end as at EOF: for a stop signal that came while zmqpush started,
+        so that the lines written before it are shipped.  Input that cannot be
+        polled (a regular file, which would be read whole) stops at once."""
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, self._queued_bytes)
+            self._budget = int.from_bytes(self._queued_bytes, sys.byteorder)
+        except OSError:
+            self._budget = 0
+        if self._epoll is None or self._budget <= 0:
+            self.stop()
+            return
+        self._read_any = self._read_ready
+        self._read_ready = self._read_within_budget
+        self._read_after_wait = self._end_instead_of_waiting
+
+    def _read_within_budget(self) -> bytes | None:
+        """_read_ready while stop_when_read() drains: None once the budget is read."""
+        if self._budget <= 0:
+            return None
+        data = self._read_any()
+        if data:
+            self._budget -= len(data)
+        return data
+
+    @staticmethod
+    async def _end_instead_of_waiting() -> bytes:
+        return b""
 
     def close(self):
         """Unwatch and restore the descriptor's blocking flag."""
@@ -3712,12 +3744,20 @@ class Shipper:
         return text + f". Spooled: {left} bytes left in {self._spool.directory}"
 
     def _install_signals(self):
+        """The run's handlers; then a stop signal that came while zmqpush
+        started (the launcher blocked it, so it is pending) is taken: what
+        stdin holds by then is read and shipped, and reading stops."""
         loop = asyncio.get_running_loop()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, signal.SIGTERM)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, signal.SIGINT)
+        stops = stop_signals()
+        for signum in stops:
+            loop.add_signal_handler(signum, self._on_stop_signal, signum)
         loop.add_signal_handler(signal.SIGUSR1, self._reporter.print_stats)
+        early = [signal.sigtimedwait(stops, 0) for _ in stops if signal.sigpending() & stops]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        if any(early):
+            self._stop_signals = 1
+            self._reader.stop_when_read()
 
     def _on_stop_signal(self, signum: int):
         """First SIGTERM/SIGINT: stop reading and linger.  Second: exit now."""
@@ -3727,6 +3767,14 @@ class Shipper:
             return
         warn(f"interrupted: {self.counters.not_handed()} messages not handed to ZeroMQ")
         os._exit(EXIT_SIGNAL_BASE + signum)
+
+
+def stop_signals() -> set:
+    """SIGTERM, and SIGINT unless it was ignored when zmqpush started (as
+    omprog starts it: then it stays ignored)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return {signal.SIGTERM}
+    return {signal.SIGTERM, signal.SIGINT}
 
 
 def failed(task: asyncio.Task) -> bool:
@@ -3816,6 +3864,7 @@ def main(argv=None) -> int:
         loop.close()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop's handlers are gone
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())  # the result stands
 
 
 if __name__ == "__main__":
