@@ -3861,10 +3861,10 @@ def main(argv=None) -> int:
         warn(f"failed: {describe(exc)}")
         return EXIT_ERROR
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())  # the result stands
         loop.close()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop's handlers are gone
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())  # the result stands
 
 
 if __name__ == "__main__":
