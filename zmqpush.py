@@ -1611,7 +1611,12 @@ class StdinReader:
     def _packet_socket_of(fd: int) -> socket.socket | None:
         """A socket on a duplicate of fd if fd is a SEQPACKET or datagram socket
         (its own descriptor: closing it leaves fd open), else None."""
-        sock = socket.socket(fileno=os.dup(fd))
+        duplicate = os.dup(fd)
+        try:
+            sock = socket.socket(fileno=duplicate)
+        except OSError:  # a family Python cannot wrap: not a packet socket it reads
+            os.close(duplicate)
+            return None
         if sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) in _PACKET_SOCKETS:
             return sock
         sock.close()
