@@ -13,15 +13,17 @@ import os
 import signal
 
 if __name__ == "__main__":
-    # Before the slow imports: rsyslog may forward HUP (or USR1) at any moment,
-    # and their default action would kill the process.  The run's own handlers
-    # replace these dispositions later.
+    # Before the slow imports.  A SIGTERM or SIGINT (unless ignored) that comes
+    # while zmqpush starts waits, blocked, until the run takes it (see
+    # Shipper._install_signals): it neither kills the process nor raises
+    # KeyboardInterrupt inside an import.  rsyslog may forward HUP (or USR1) at
+    # any moment, and their default action would kill the process: the run's
+    # own handlers replace these dispositions later.  (HUP ignored shows that
+    # the others are blocked.)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM} | (
+        {signal.SIGINT} if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else set()))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    # Nothing is read yet: an early SIGINT ends the run as SIGTERM's default
-    # would, without a KeyboardInterrupt traceback from inside an import.
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))
 
 import argparse
 import asyncio
@@ -733,9 +735,13 @@ def make_certificate(base: str) -> tuple:
     """Write a new CURVE key pair: base.key, the public certificate (mode 0644
     less the umask), and base.key_secret, both keys (mode 0600); the names
     pyzmq's create_certificates uses, which czmq's zcert_load("base.key") also
-    finds.  Never overwrites: UsageError if either exists.  Returns (public
-    file, secret file, public key); OSError if they cannot be written (then
-    neither is left behind)."""
+    finds.  Never overwrites: UsageError if either exists, or if base names
+    no file (empty, or ending in "/": its files would be hidden ".key" files).
+    Returns (public file, secret file, public key); OSError if they cannot be
+    written (then neither is left behind)."""
+    if not os.path.basename(base):
+        raise UsageError(f"--make-cert {base!r}: name a file to write, such as "
+                         "DIR/NAME (NAME.key and NAME.key_secret are written)")
     import zmq
     if not zmq.has("curve"):
         raise UsageError("this libzmq has no CURVE support")
@@ -1186,37 +1192,70 @@ class LineFramer:
 
     No line longer than max_line_bytes is ever held: longer ones leave as
     pieces cut at UTF-8 character boundaries, all but the last marked continues.
-    Every message is at most max_line_bytes (a line's CR before its newline is
-    not part of its message); max_line_bytes >= 4, one UTF-8 character, so a
-    cut in valid UTF-8 never falls inside a character.
+    Every message is at most max_line_bytes once invalid UTF-8 became U+FFFD
+    (a line's CR before its newline is not part of its message);
+    max_line_bytes >= 4, one UTF-8 character, so a cut in valid UTF-8 never
+    falls inside a character.
+
+    Repair can triple a line (an invalid byte becomes the 3 bytes of U+FFFD):
+    a Segment that holds a line longer than a third of the limit and is not
+    ASCII is repaired here, and cut again if it grew past the limit (the
+    encoder finds it valid then).  Shorter lines, the common case, cost no
+    test beyond a comparison or a few searches (see _fits_repaired).
     """
 
     def __init__(self, max_line_bytes: int):
         self._max = max_line_bytes
         self._lone = min(max_line_bytes, LONE_LINE_BYTES)
+        self._third = max_line_bytes // 3  # a line this long fits even once repaired
         self._pending = bytearray()
 
     def feed(self, data: bytes) -> list:
         """Segments completed by data, in order."""
         newline = data.rfind(b"\n")
-        if 0 <= newline == len(data) - 1 and newline <= self._lone and not self._pending:
+        if 0 <= newline == len(data) - 1 and newline <= self._lone and not self._pending \
+                and (newline <= self._third or lines_within(data, self._third)):
             return [_new_tuple(Segment, (data, True, False))]  # the common read: whole
             # short lines, nothing held
         if newline < 0:
             self._pending += data
-            return self._split_pending()
+            return self._repaired(self._split_pending())
         view = memoryview(data)
         complete = (b"".join((self._pending, view[: newline + 1])) if self._pending
                     else data[: newline + 1])
         self._pending = bytearray(view[newline + 1:])
-        return self._segments(complete) + self._split_pending()
+        return self._repaired(self._segments(complete) + self._split_pending())
 
     def finish(self) -> list:
         """The unfinished last line (no newline at EOF), if any."""
         if not self._pending:
             return []
         last, self._pending = bytes(self._pending) + b"\n", bytearray()
-        return [Segment(last, strip_cr=False)]
+        return self._repaired([Segment(last, strip_cr=False)])
+
+    def _repaired(self, segments: list) -> list:
+        """segments, each that repair would take past the limit repaired and cut
+        again: a run of lines as _segments() cuts it, a piece (or the last line
+        at EOF, whose CR stays) into pieces of its own, the last keeping its
+        marks."""
+        if all(self._fits_repaired(seg.lines) for seg in segments):
+            return segments
+        out = []
+        for seg in segments:
+            fixed = seg.lines if self._fits_repaired(seg.lines) else valid_utf8(seg.lines)
+            if fixed is seg.lines:
+                out.append(seg)
+            elif seg.strip_cr:
+                out += self._segments(fixed)
+            else:
+                out += self._pieces(fixed[:-1], strip_cr=False, continues=seg.continues)
+        return out
+
+    def _fits_repaired(self, lines: bytes) -> bool:
+        """True if no line of lines (ending in b"\\n") can pass the limit once
+        repaired: each is at most a third of it, or all are ASCII."""
+        return len(lines) <= self._third + 1 or lines_within(lines, self._third) \
+            or lines.isascii()
 
     def _segments(self, complete: bytes) -> list:
         """complete (whole lines) as Segments, over-long lines split into pieces,
@@ -1244,13 +1283,16 @@ class LineFramer:
             out.append(Segment(b"\n".join(run) + b"\n"))
         return out
 
-    def _pieces(self, line: bytes) -> list:
+    def _pieces(self, line: bytes, strip_cr: bool = True, continues: bool = False) -> list:
+        """line as pieces of at most max bytes (a CR that strip_cr strips not
+        counted), all but the last marked continues; the last is marked as
+        strip_cr and continues say."""
         out = []
-        while len(line) > self._max + (line[-1:] == b"\r"):
+        while len(line) > self._max + (strip_cr and line[-1:] == b"\r"):
             cut = self._cut(line)
             out.append(Segment(line[:cut] + b"\n", strip_cr=False, continues=True))
             line = line[cut:]
-        out.append(Segment(line + b"\n"))
+        out.append(Segment(line + b"\n", strip_cr, continues))
         return out
 
     def _split_pending(self) -> list:
@@ -1499,6 +1541,11 @@ class Replies:
 
 # Under glibc's smallest threshold for serving an allocation with mmap (128 KiB).
 SLOW_READ_BYTES = 32 << 10
+# The largest packet of a packet-mode pipe (O_DIRECT): Linux splits a write into
+# packets of a page each (PIPE_BUF, 4096, where pages are 4 KiB).
+PIPE_PACKET_BYTES = max(select.PIPE_BUF, os.sysconf("SC_PAGE_SIZE"))
+# Socket types whose every read returns one packet and discards what did not fit.
+_PACKET_SOCKETS = (socket.SOCK_SEQPACKET, socket.SOCK_DGRAM)
 # epoll events after which the reader no longer trusts FIONREAD (see _drained).
 _HANGUP_EVENTS = select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR
 
@@ -1513,6 +1560,13 @@ class StdinReader:
     Regular files, /dev/null, /dev/zero and the like cannot be polled: they are
     read directly, always with policy "block" (nothing upstream waits on them,
     so dropping would only lose lines).
+
+    No byte of a packet source is lost (a read returns one packet there, and
+    the kernel discards what does not fit): every read of a pipe asks for at
+    least PIPE_PACKET_BYTES (a packet-mode pipe's largest packet), and on a
+    SEQPACKET or datagram socket each read is sized by peeking at the length
+    of the packet waiting (see _read_packet).  Which kind stdin is, is told
+    once, at start.
 
     It reads until EAGAIN (a short read does not prove a pipe or socket empty:
     packet-mode pipes, SEQPACKET and ancillary data stop reads short), or, on
@@ -1535,8 +1589,6 @@ class StdinReader:
         self._encoder = encoder
         self._framer = framer
         self._counters = counters
-        self._read_bytes = read_bytes
-        self._asking = read_bytes  # what the next read asks for (see _read)
         self._stopping = False
         self.ended = asyncio.Event()
         self._read_at = time.time()
@@ -1545,9 +1597,33 @@ class StdinReader:
         self._flags = None
         self._hung_up = False  # epoll said HUP, RDHUP or ERR: read on to EAGAIN or EOF
         self._queued_bytes = bytearray(4)  # FIONREAD's answer (see _drained)
+        mode = os.fstat(fd).st_mode
+        self._packet_socket = self._packet_socket_of(fd) if stat.S_ISSOCK(mode) else None
+        if self._packet_socket is not None:
+            self._read_ready = self._read_packet
+            self._peeked = bytearray(1)
+        least = PIPE_PACKET_BYTES if stat.S_ISFIFO(mode) else 1
+        self._read_bytes = max(read_bytes, least)
+        self._slow_bytes = max(min(read_bytes, SLOW_READ_BYTES), least)  # see _read_ready
+        self._asking = self._read_bytes  # what the next read asks for
         self._epoll = self._watch()
-        self._fifo = self._epoll is not None and stat.S_ISFIFO(os.fstat(fd).st_mode)
+        self._fifo = self._epoll is not None and stat.S_ISFIFO(mode)
         self._drop = drop_when_full and self._epoll is not None
+
+    @staticmethod
+    def _packet_socket_of(fd: int) -> socket.socket | None:
+        """A socket on a duplicate of fd if fd is a SEQPACKET or datagram socket
+        (its own descriptor: closing it leaves fd open), else None."""
+        duplicate = os.dup(fd)
+        try:
+            sock = socket.socket(fileno=duplicate)
+        except OSError:  # a family Python cannot wrap: not a packet socket it reads
+            os.close(duplicate)
+            return None
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) in _PACKET_SOCKETS:
+            return sock
+        sock.close()
+        return None
 
     def _watch(self):
         """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
@@ -1582,6 +1658,36 @@ class StdinReader:
         if isinstance(self._queue, SpoolQueue):
             self._queue.take_past_cap()
 
+    def stop_when_read(self):
+        """Read what stdin holds now (FIONREAD's count), never waiting for more,
+        then end as at EOF: for a stop signal that came while zmqpush started,
+        so that the lines written before it are shipped.  Input that cannot be
+        polled (a regular file, which would be read whole) stops at once."""
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, self._queued_bytes)
+            self._budget = int.from_bytes(self._queued_bytes, sys.byteorder)
+        except OSError:
+            self._budget = 0
+        if self._epoll is None or self._budget <= 0:
+            self.stop()
+            return
+        self._read_any = self._read_ready
+        self._read_ready = self._read_within_budget
+        self._read_after_wait = self._end_instead_of_waiting
+
+    def _read_within_budget(self) -> bytes | None:
+        """_read_ready while stop_when_read() drains: None once the budget is read."""
+        if self._budget <= 0:
+            return None
+        data = self._read_any()
+        if data:
+            self._budget -= len(data)
+        return data
+
+    @staticmethod
+    async def _end_instead_of_waiting() -> bytes:
+        return b""
+
     def close(self):
         """Unwatch and restore the descriptor's blocking flag."""
         if self._epoll is not None:
@@ -1591,6 +1697,9 @@ class StdinReader:
         if self._flags is not None:
             os.set_blocking(self._fd, self._flags)
             self._flags = None
+        if self._packet_socket is not None:
+            self._packet_socket.close()
+            self._packet_socket = None
 
     async def run(self):
         """Read until EOF, stop() or a read error; then hand over the unfinished
@@ -1619,7 +1728,7 @@ class StdinReader:
             # turn; any other read gets one.
             short = len(data) < self._asking
             turned = short and waited
-            self._asking = min(self._read_bytes, SLOW_READ_BYTES) if short else self._read_bytes
+            self._asking = self._slow_bytes if short else self._read_bytes
         self.ended.set()
         await self._hand_over(self._framer.finish(), 0)
         await self._queue.put(END)
@@ -1652,6 +1761,18 @@ class StdinReader:
             if exc.errno == errno.EIO:
                 return b""
             raise
+
+    def _read_packet(self) -> bytes | None:
+        """_read_ready for a SEQPACKET or datagram socket: the next packet whole.
+        A peek with MSG_TRUNC returns the waiting packet's full length, and the
+        read asks for at least that (a packet larger than the read would lose
+        its rest).  An empty packet reads as EOF, as it always did."""
+        try:
+            size = self._packet_socket.recv_into(
+                self._peeked, 1, socket.MSG_PEEK | socket.MSG_TRUNC | socket.MSG_DONTWAIT)
+            return os.read(self._fd, max(size, self._asking))
+        except BlockingIOError:
+            return None
 
     async def _read_after_wait(self) -> bytes:
         """The next bytes of stdin, waiting on epoll for them; b"" at EOF or
@@ -3827,12 +3948,20 @@ class Shipper:
         return text + f". Spooled: {left} bytes left in {self._spool.directory}"
 
     def _install_signals(self):
+        """The run's handlers; then a stop signal that came while zmqpush
+        started (the launcher blocked it, so it is pending) is taken: what
+        stdin holds by then is read and shipped, and reading stops."""
         loop = asyncio.get_running_loop()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, signal.SIGTERM)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, signal.SIGINT)
+        stops = stop_signals()
+        for signum in stops:
+            loop.add_signal_handler(signum, self._on_stop_signal, signum)
         loop.add_signal_handler(signal.SIGUSR1, self._reporter.print_stats)
+        early = [signal.sigtimedwait(stops, 0) for _ in stops if signal.sigpending() & stops]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        if any(early):
+            self._stop_signals = 1
+            self._reader.stop_when_read()
 
     def _on_stop_signal(self, signum: int):
         """First SIGTERM/SIGINT: stop reading and linger.  Second: exit now."""
@@ -3842,6 +3971,14 @@ class Shipper:
             return
         warn(f"interrupted: {self.counters.not_handed()} messages not handed to ZeroMQ")
         os._exit(EXIT_SIGNAL_BASE + signum)
+
+
+def stop_signals() -> set:
+    """SIGTERM, and SIGINT unless it was ignored when zmqpush started (as
+    omprog starts it: then it stays ignored)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return {signal.SIGTERM}
+    return {signal.SIGTERM, signal.SIGINT}
 
 
 def failed(task: asyncio.Task) -> bool:
@@ -3928,6 +4065,7 @@ def main(argv=None) -> int:
         warn(f"failed: {describe(exc)}")
         return EXIT_ERROR
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())  # the result stands
         loop.close()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop's handlers are gone
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
