@@ -4,8 +4,9 @@ bytecode once, and the zmqpush.py and zmqpush-watermark.py commands on PATH.
 The installed zmqpush.py command is a small launcher, not a copy of the
 module: a script is compiled from source at every start (about 12 ms for
 zmqpush.py), an installed module is not.  The launcher ignores HUP and USR1
-and makes an early SIGINT quiet before the imports, as zmqpush.py itself does
-when run from a checkout (README "Signals").
+and blocks TERM and INT (unless INT is ignored) before the imports, until the
+run takes them, as zmqpush.py itself does when run from a checkout (README
+"Signals").
 """
 import os
 
@@ -25,10 +26,11 @@ import _signal  # the builtin under signal, without its enum import (8 ms sooner
 import os
 import sys
 
+# A stop signal waits, blocked, until the run takes it (and ships what stdin holds).
+_signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGTERM} | (
+    {_signal.SIGINT} if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN else set()))
 _signal.signal(_signal.SIGHUP, _signal.SIG_IGN)
 _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
-if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
-    _signal.signal(_signal.SIGINT, lambda *_: os._exit(128 + _signal.SIGINT))
 # This file is named zmqpush.py too: import the module, not this file.
 if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
     del sys.path[0]

@@ -13,15 +13,17 @@ import os
 import signal
 
 if __name__ == "__main__":
-    # Before the slow imports: rsyslog may forward HUP (or USR1) at any moment,
-    # and their default action would kill the process.  The run's own handlers
-    # replace these dispositions later.
+    # Before the slow imports.  A SIGTERM or SIGINT (unless ignored) that comes
+    # while zmqpush starts waits, blocked, until the run takes it (see
+    # Shipper._install_signals): it neither kills the process nor raises
+    # KeyboardInterrupt inside an import.  rsyslog may forward HUP (or USR1) at
+    # any moment, and their default action would kill the process: the run's
+    # own handlers replace these dispositions later.  (HUP ignored shows that
+    # the others are blocked.)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM} | (
+        {signal.SIGINT} if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else set()))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    # Nothing is read yet: an early SIGINT ends the run as SIGTERM's default
-    # would, without a KeyboardInterrupt traceback from inside an import.
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, lambda *_: os._exit(128 + signal.SIGINT))
 
 import argparse
 import asyncio
@@ -744,9 +746,13 @@ def make_certificate(base: str) -> tuple:
     """Write a new CURVE key pair: base.key, the public certificate (mode 0644
     less the umask), and base.key_secret, both keys (mode 0600); the names
     pyzmq's create_certificates uses, which czmq's zcert_load("base.key") also
-    finds.  Never overwrites: UsageError if either exists.  Returns (public
-    file, secret file, public key); OSError if they cannot be written (then
-    neither is left behind)."""
+    finds.  Never overwrites: UsageError if either exists, or if base names
+    no file (empty, or ending in "/": its files would be hidden ".key" files).
+    Returns (public file, secret file, public key); OSError if they cannot be
+    written (then neither is left behind)."""
+    if not os.path.basename(base):
+        raise UsageError(f"--make-cert {base!r}: name a file to write, such as "
+                         "DIR/NAME (NAME.key and NAME.key_secret are written)")
     import zmq
     if not zmq.has("curve"):
         raise UsageError("this libzmq has no CURVE support")
@@ -1161,10 +1167,13 @@ class Counters:
         self.connected = 0
         self.disconnects = 0
         self.events_replayed = 0
+        self.events_requeued = 0  # put back in the queue to be replayed (no spool)
+        self.events_refused = 0  # --confirm: lines answered with a refusal (rsyslog's to resend)
         self.handshake_failures = 0
         self.refused = 0
         self.events_found = 0  # read from what a previous run left in the spool
         self.events_unspooled = 0  # read, never written to the spool (write errors)
+        self.events_memory_only = 0  # read, not spooled, queued in memory (SpoolQueue)
         self.spool_corrupt = 0
 
     def not_handed(self) -> int:
@@ -1194,37 +1203,70 @@ class LineFramer:
 
     No line longer than max_line_bytes is ever held: longer ones leave as
     pieces cut at UTF-8 character boundaries, all but the last marked continues.
-    Every message is at most max_line_bytes (a line's CR before its newline is
-    not part of its message); max_line_bytes >= 4, one UTF-8 character, so a
-    cut in valid UTF-8 never falls inside a character.
+    Every message is at most max_line_bytes once invalid UTF-8 became U+FFFD
+    (a line's CR before its newline is not part of its message);
+    max_line_bytes >= 4, one UTF-8 character, so a cut in valid UTF-8 never
+    falls inside a character.
+
+    Repair can triple a line (an invalid byte becomes the 3 bytes of U+FFFD):
+    a Segment that holds a line longer than a third of the limit and is not
+    ASCII is repaired here, and cut again if it grew past the limit (the
+    encoder finds it valid then).  Shorter lines, the common case, cost no
+    test beyond a comparison or a few searches (see _fits_repaired).
     """
 
     def __init__(self, max_line_bytes: int):
         self._max = max_line_bytes
         self._lone = min(max_line_bytes, LONE_LINE_BYTES)
+        self._third = max_line_bytes // 3  # a line this long fits even once repaired
         self._pending = bytearray()
 
     def feed(self, data: bytes) -> list:
         """Segments completed by data, in order."""
         newline = data.rfind(b"\n")
-        if 0 <= newline == len(data) - 1 and newline <= self._lone and not self._pending:
+        if 0 <= newline == len(data) - 1 and newline <= self._lone and not self._pending \
+                and (newline <= self._third or lines_within(data, self._third)):
             return [_new_tuple(Segment, (data, True, False))]  # the common read: whole
             # short lines, nothing held
         if newline < 0:
             self._pending += data
-            return self._split_pending()
+            return self._repaired(self._split_pending())
         view = memoryview(data)
         complete = (b"".join((self._pending, view[: newline + 1])) if self._pending
                     else data[: newline + 1])
         self._pending = bytearray(view[newline + 1:])
-        return self._segments(complete) + self._split_pending()
+        return self._repaired(self._segments(complete) + self._split_pending())
 
     def finish(self) -> list:
         """The unfinished last line (no newline at EOF), if any."""
         if not self._pending:
             return []
         last, self._pending = bytes(self._pending) + b"\n", bytearray()
-        return [Segment(last, strip_cr=False)]
+        return self._repaired([Segment(last, strip_cr=False)])
+
+    def _repaired(self, segments: list) -> list:
+        """segments, each that repair would take past the limit repaired and cut
+        again: a run of lines as _segments() cuts it, a piece (or the last line
+        at EOF, whose CR stays) into pieces of its own, the last keeping its
+        marks."""
+        if all(self._fits_repaired(seg.lines) for seg in segments):
+            return segments
+        out = []
+        for seg in segments:
+            fixed = seg.lines if self._fits_repaired(seg.lines) else valid_utf8(seg.lines)
+            if fixed is seg.lines:
+                out.append(seg)
+            elif seg.strip_cr:
+                out += self._segments(fixed)
+            else:
+                out += self._pieces(fixed[:-1], strip_cr=False, continues=seg.continues)
+        return out
+
+    def _fits_repaired(self, lines: bytes) -> bool:
+        """True if no line of lines (ending in b"\\n") can pass the limit once
+        repaired: each is at most a third of it, or all are ASCII."""
+        return len(lines) <= self._third + 1 or lines_within(lines, self._third) \
+            or lines.isascii()
 
     def _segments(self, complete: bytes) -> list:
         """complete (whole lines) as Segments, over-long lines split into pieces,
@@ -1252,13 +1294,16 @@ class LineFramer:
             out.append(Segment(b"\n".join(run) + b"\n"))
         return out
 
-    def _pieces(self, line: bytes) -> list:
+    def _pieces(self, line: bytes, strip_cr: bool = True, continues: bool = False) -> list:
+        """line as pieces of at most max bytes (a CR that strip_cr strips not
+        counted), all but the last marked continues; the last is marked as
+        strip_cr and continues say."""
         out = []
-        while len(line) > self._max + (line[-1:] == b"\r"):
+        while len(line) > self._max + (strip_cr and line[-1:] == b"\r"):
             cut = self._cut(line)
             out.append(Segment(line[:cut] + b"\n", strip_cr=False, continues=True))
             line = line[cut:]
-        out.append(Segment(line + b"\n"))
+        out.append(Segment(line + b"\n", strip_cr, continues))
         return out
 
     def _split_pending(self) -> list:
@@ -1507,6 +1552,11 @@ class Replies:
 
 # Under glibc's smallest threshold for serving an allocation with mmap (128 KiB).
 SLOW_READ_BYTES = 32 << 10
+# The largest packet of a packet-mode pipe (O_DIRECT): Linux splits a write into
+# packets of a page each (PIPE_BUF, 4096, where pages are 4 KiB).
+PIPE_PACKET_BYTES = max(select.PIPE_BUF, os.sysconf("SC_PAGE_SIZE"))
+# Socket types whose every read returns one packet and discards what did not fit.
+_PACKET_SOCKETS = (socket.SOCK_SEQPACKET, socket.SOCK_DGRAM)
 # epoll events after which the reader no longer trusts FIONREAD (see _drained).
 _HANGUP_EVENTS = select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR
 _READ_EDGES = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
@@ -1524,6 +1574,13 @@ class StdinReader:
     Regular files, /dev/null, /dev/zero and the like cannot be polled: they are
     read directly, always with policy "block" (nothing upstream waits on them,
     so dropping would only lose lines).
+
+    No byte of a packet source is lost (a read returns one packet there, and
+    the kernel discards what does not fit): every read of a pipe asks for at
+    least PIPE_PACKET_BYTES (a packet-mode pipe's largest packet), and on a
+    SEQPACKET or datagram socket each read is sized by peeking at the length
+    of the packet waiting (see _read_packet).  Which kind stdin is, is told
+    once, at start.
 
     It reads until EAGAIN (a short read does not prove a pipe or socket empty:
     packet-mode pipes, SEQPACKET and ancillary data stop reads short), or, on
@@ -1554,8 +1611,6 @@ class StdinReader:
         self._encoder = encoder
         self._framer = framer
         self._counters = counters
-        self._read_bytes = read_bytes
-        self._asking = read_bytes  # what the next read asks for (see _read)
         self._stopping = False
         self.ended = asyncio.Event()
         self._read_at = time.time()
@@ -1564,8 +1619,17 @@ class StdinReader:
         self._flags = None
         self._hung_up = False  # epoll said HUP, RDHUP or ERR: read on to EAGAIN or EOF
         self._queued_bytes = bytearray(4)  # FIONREAD's answer (see _drained)
+        mode = os.fstat(fd).st_mode
+        self._packet_socket = self._packet_socket_of(fd) if stat.S_ISSOCK(mode) else None
+        if self._packet_socket is not None:
+            self._read_ready = self._read_packet
+            self._peeked = bytearray(1)
+        least = PIPE_PACKET_BYTES if stat.S_ISFIFO(mode) else 1
+        self._read_bytes = max(read_bytes, least)
+        self._slow_bytes = max(min(read_bytes, SLOW_READ_BYTES), least)  # see _read_ready
+        self._asking = self._read_bytes  # what the next read asks for
         self._epoll = self._watch()
-        self._fifo = self._epoll is not None and stat.S_ISFIFO(os.fstat(fd).st_mode)
+        self._fifo = self._epoll is not None and stat.S_ISFIFO(mode)
         self._drop = drop_when_full and self._epoll is not None
         self._window = coalesce if self._epoll is not None else 0.0
         self._capacity = self._buffer_bytes()
@@ -1582,6 +1646,21 @@ class StdinReader:
             except OSError:
                 pass
         return 64 << 10
+
+    @staticmethod
+    def _packet_socket_of(fd: int) -> socket.socket | None:
+        """A socket on a duplicate of fd if fd is a SEQPACKET or datagram socket
+        (its own descriptor: closing it leaves fd open), else None."""
+        duplicate = os.dup(fd)
+        try:
+            sock = socket.socket(fileno=duplicate)
+        except OSError:  # a family Python cannot wrap: not a packet socket it reads
+            os.close(duplicate)
+            return None
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) in _PACKET_SOCKETS:
+            return sock
+        sock.close()
+        return None
 
     def _watch(self):
         """Non-blocking fd in an edge-triggered epoll watched by the loop, or None."""
@@ -1615,6 +1694,36 @@ class StdinReader:
         if isinstance(self._queue, SpoolQueue):
             self._queue.take_past_cap()
 
+    def stop_when_read(self):
+        """Read what stdin holds now (FIONREAD's count), never waiting for more,
+        then end as at EOF: for a stop signal that came while zmqpush started,
+        so that the lines written before it are shipped.  Input that cannot be
+        polled (a regular file, which would be read whole) stops at once."""
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, self._queued_bytes)
+            self._budget = int.from_bytes(self._queued_bytes, sys.byteorder)
+        except OSError:
+            self._budget = 0
+        if self._epoll is None or self._budget <= 0:
+            self.stop()
+            return
+        self._read_any = self._read_ready
+        self._read_ready = self._read_within_budget
+        self._read_after_wait = self._end_instead_of_waiting
+
+    def _read_within_budget(self) -> bytes | None:
+        """_read_ready while stop_when_read() drains: None once the budget is read."""
+        if self._budget <= 0:
+            return None
+        data = self._read_any()
+        if data:
+            self._budget -= len(data)
+        return data
+
+    @staticmethod
+    async def _end_instead_of_waiting() -> bytes:
+        return b""
+
     def close(self):
         """Unwatch and restore the descriptor's blocking flag."""
         if self._epoll is not None:
@@ -1624,6 +1733,9 @@ class StdinReader:
         if self._flags is not None:
             os.set_blocking(self._fd, self._flags)
             self._flags = None
+        if self._packet_socket is not None:
+            self._packet_socket.close()
+            self._packet_socket = None
 
     async def run(self):
         """Read until EOF, stop() or a read error; then hand over the unfinished
@@ -1655,7 +1767,7 @@ class StdinReader:
             # turn; any other read gets one.
             short = len(data) < self._asking
             turned = short and waited
-            self._asking = min(self._read_bytes, SLOW_READ_BYTES) if short else self._read_bytes
+            self._asking = self._slow_bytes if short else self._read_bytes
         self.ended.set()
         await self._hand_over(self._framer.finish(), 0)
         await self._queue.put(END)
@@ -1688,6 +1800,18 @@ class StdinReader:
             if exc.errno == errno.EIO:
                 return b""
             raise
+
+    def _read_packet(self) -> bytes | None:
+        """_read_ready for a SEQPACKET or datagram socket: the next packet whole.
+        A peek with MSG_TRUNC returns the waiting packet's full length, and the
+        read asks for at least that (a packet larger than the read would lose
+        its rest).  An empty packet reads as EOF, as it always did."""
+        try:
+            size = self._packet_socket.recv_into(
+                self._peeked, 1, socket.MSG_PEEK | socket.MSG_TRUNC | socket.MSG_DONTWAIT)
+            return os.read(self._fd, max(size, self._asking))
+        except BlockingIOError:
+            return None
 
     async def _read_after_wait(self) -> bytes:
         """The next bytes of stdin, waiting on epoll for them; b"" at EOF or
@@ -1834,9 +1958,10 @@ SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 MAX_SEGMENT_BYTES = 16 << 20
 # After a write error the spool is full until it is tried again this much later.
 SPOOL_RETRY = 1.0
-# The position file is rewritten at most this often (a stale one only means
-# that a new run sends again a little of what was done).
-POSITION_DELAY = 1.0
+# The position file is rewritten at most this often, the first time at once (a
+# stale one only means that a new run sends again a little of what was done;
+# a run killed soon after its start must still leave its progress there).
+POSITION_DELAY = 0.1
 SCAN_BYTES = 64 << 10  # a damaged stretch is searched for the next record in these
 
 
@@ -1897,11 +2022,13 @@ class Spool:
 
     Positions are byte offsets in one endless log; a segment file is named by
     the offset of its first byte.  `end` is where the next record goes.
-    Records before `safe` are done (delivered, or past the replay window): the
-    position file holds it, lagging at most POSITION_DELAY, and a new run
-    starts there; segments wholly before it are deleted, `nbytes` is what the
-    others take.  A run writes its own segments (a torn record a crash left
-    at the end of the last one is never appended to).
+    Records before `safe` are done (delivered, or past the replay window):
+    segments wholly before it are deleted, `nbytes` is what the others take.
+    `position` (at least `safe`) is where a new run starts: records before it
+    are past what a receiver's host can still hold (see SpoolWindow); the
+    position file holds it, lagging at most POSITION_DELAY.  A run writes its
+    own segments (a torn record a crash left at the end of the last one is
+    never appended to).
 
     append() writes a record with one writev and flushes per `sync`: 0 after
     every write, inf never (the OS decides), else at most `sync` seconds after
@@ -1936,6 +2063,8 @@ class Spool:
                                         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             self._starts, self._sizes = self._segments()
             self.safe = self._read_position()
+            self._done = self.safe  # see position
+            self._position_written = -POSITION_DELAY  # (monotonic time)
         except OSError as exc:
             raise SpoolError(f"cannot use --spool {directory}: "
                              f"{exc.strerror or exc}") from None
@@ -1982,6 +2111,10 @@ class Spool:
         return int(found[1]) if found else 0  # (as written: 20 digits, like segment names)
 
     # -- writing
+
+    def failing(self) -> bool:
+        """True while append() refuses after a write error (see _failed)."""
+        return time.monotonic() < self._error_until
 
     def full(self) -> bool:
         """True while append() would refuse: at the cap, or after a write error."""
@@ -2118,8 +2251,32 @@ class Spool:
         self.safe = upto
         if self._delete_done():
             self.wake_room()
-        if self._position_timer is None:
-            self._position_timer = self._loop.call_later(POSITION_DELAY, self._write_position)
+        self._position_soon()
+
+    @property
+    def position(self) -> int:
+        """Where a new run on the spool starts (see the class)."""
+        return max(self.safe, self._done)
+
+    def move_position(self, to: int):
+        """Make `to` the position (never before `safe`): forward as
+        records get past what a receiver can lose, back when a receiver went
+        away; written to the position file soon.  Nothing is deleted."""
+        if to != self._done:
+            self._done = to
+            self._position_soon()
+
+    def _position_soon(self):
+        """Write the position file now if it was not written for POSITION_DELAY
+        (a run killed soon after its start keeps its progress), else once
+        that much time has passed since."""
+        if self._position_timer is not None:
+            return
+        wait = self._position_written + POSITION_DELAY - time.monotonic()
+        if wait <= 0:
+            self._write_position()
+        else:
+            self._position_timer = self._loop.call_later(wait, self._write_position)
 
     def _delete_done(self) -> bool:
         """Delete the segments wholly before `safe`; True if any was."""
@@ -2141,8 +2298,9 @@ class Spool:
 
     def _write_position(self):
         self._position_timer = None
+        self._position_written = time.monotonic()
         try:
-            os.pwrite(self._position_fd, b"%020d\n" % self.safe, 0)
+            os.pwrite(self._position_fd, b"%020d\n" % self.position, 0)
         except OSError:
             pass  # a stale position only sends again what was done
 
@@ -2262,15 +2420,18 @@ class SpoolQueue(ByteQueue):
     read the spool back from `cursor`, the next record neither sent nor in
     memory: what a previous run left comes first (counted read as it is
     read), then what this run spooled, in order.  END comes after all of it.
+    When the spool refuses a Parcel (see _memory_only_nowait) it may be kept
+    in memory only: such a Parcel has no place in the spool (end 0).
 
     rewind() (a receiver went away) drops what memory holds and reads again
     from an earlier position; records up to the position handed last then
     come back as replayed Parcels.  `rewinds` counts the rewinds."""
 
-    def __init__(self, maxsize: int, spool: Spool, counters):
+    def __init__(self, maxsize: int, spool: Spool, counters, memory_only: bool = True):
         super().__init__(maxsize)
         self._spool = spool
         self._counters = counters
+        self.memory_only = memory_only  # see _memory_only_nowait
         self.cursor = spool.safe
         self.rewinds = 0
         self._replay_until = 0
@@ -2279,12 +2440,14 @@ class SpoolQueue(ByteQueue):
         self._end_given = False
 
     def spool_nowait(self, parcel: Parcel) -> bool:
-        """Spool parcel (and keep it in memory if it may be); False if the spool is full."""
+        """Spool parcel (and keep it in memory if it may be), or, when the
+        spool is full, keep it in memory only if it may be (see
+        _memory_only_nowait); False if neither."""
         spool = self._spool
         caught_up = self.cursor == spool.end
         placed = spool.append(parcel)
         if placed is None:
-            return False
+            return self._memory_only_nowait(parcel, caught_up)
         if caught_up and self.nbytes < self.bound:
             ByteQueue.put_nowait(self, placed)
             self.cursor = placed.end
@@ -2292,14 +2455,46 @@ class SpoolQueue(ByteQueue):
             self._wakeup_next(self._getters)
         return True
 
+    def _memory_only_nowait(self, parcel: Parcel, caught_up: bool) -> bool:
+        """The spool refused parcel: keep it in memory only, unspooled (end
+        0), counted in counters.events_memory_only, if memory_only allows
+        it, the refusal was a write error (a full disk: not the cap, where
+        --when-full decides), and the sender has taken everything before it
+        (order holds); False otherwise.  A receiver that takes the lines
+        thus never waits on a disk that has no room, and one that does not
+        leaves at most this Parcel in memory only."""
+        if not (self.memory_only and caught_up and not self._queue
+                and self._spool.failing()):
+            return False
+        ByteQueue.put_nowait(self, parcel)
+        self._counters.events_memory_only += sum(parcel.events)
+        return True
+
     async def put(self, item):
-        """Spool item, waiting while the spool is full; END: after all spooled."""
+        """Spool item, waiting while neither the spool nor memory may take
+        it (see spool_nowait); END: after all spooled."""
         if item is END:
             self._end_put = True
             self._wakeup_next(self._getters)
             return
         while not self.spool_nowait(item):
-            await self._spool.room()
+            await self._room()
+
+    async def _room(self):
+        """Wait until the spool may take a record again (see Spool.room), or
+        the sender took something (memory may have room, or the spool is
+        read to its end)."""
+        loop = asyncio.get_running_loop()
+        taken = loop.create_future()
+        self._putters.append(taken)
+        room = loop.create_task(self._spool.room())
+        try:
+            await asyncio.wait((taken, room), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            room.cancel()
+            taken.cancel()
+            if taken in self._putters:
+                self._putters.remove(taken)
 
     def empty(self) -> bool:
         return (not self._queue and self.cursor >= self._spool.end
@@ -2326,6 +2521,8 @@ class SpoolQueue(ByteQueue):
         while self.cursor < spool.end:
             parcel, self.cursor = spool.read(self.cursor)
             if parcel is not None:
+                if self._putters and self.cursor >= spool.end:
+                    self._wakeup_next(self._putters)  # caught up: see _memory_only_nowait
                 return self._marked(parcel)
         if self._end_put and not self._end_given:
             self._end_given = True
@@ -2351,13 +2548,22 @@ class SpoolQueue(ByteQueue):
         self._spool.wake_room()
 
     def rewind(self, position: int, handed_end: int):
-        """Send again from position; records up to handed_end are replayed."""
+        """Send again from position; records up to handed_end are replayed.
+        What memory holds is dropped (it is read again from the spool), except
+        Parcels kept in memory only, which the spool cannot give again."""
+        kept = [parcel for parcel in self._queue if not parcel.end]
         self._queue.clear()
-        self.nbytes = 0
+        self._queue.extend(kept)
+        self.nbytes = sum(parcel.nbytes for parcel in kept)
         self.cursor = position
         self._replay_until = max(self._replay_until, handed_end)
         self.rewinds += 1
         self._wakeup_next(self._getters)
+
+    def memory_only_events(self) -> int:
+        """Events of the Parcels kept in memory only that it holds."""
+        return sum(sum(parcel.events) for parcel in self._queue
+                   if parcel is not END and not parcel.end)
 
     def unsent_bytes(self) -> int:
         """Spool bytes from the cursor on (not sent, not in memory)."""
@@ -2365,7 +2571,7 @@ class SpoolQueue(ByteQueue):
 
     def oldest_unsent(self) -> int:
         """Where the oldest record not yet taken by the sender lies."""
-        return self._queue[0].start if self._queue else self.cursor
+        return next((parcel.start for parcel in self._queue if parcel.end), self.cursor)
 
 
 # ---------------------------------------------------------------- sending --
@@ -2921,15 +3127,53 @@ class SpoolWindow(ReplayWindow):
     lately lie, not their messages, so it costs no memory; replay() rewinds
     the SpoolQueue to the oldest.  The spool's `safe` follows the window's
     oldest record or, once the window is emptied (see ReplayWindow), the end
-    of what was handed."""
+    of what was handed.
 
-    def __init__(self, limit: int, queue: SpoolQueue, unsent_bytes, spool: Spool):
+    The spool's position (where a new run starts, after a crash) follows
+    what a receiver can no longer lose: the records handed before the newest
+    `held_bytes()` of them, what a receiver's host and our side can hold at
+    most (RECEIVER_KERNEL_BYTES, REPLAY_SNDBUF, and STOCK_RCVHWM plus SNDHWM
+    messages of the average size handed lately), never more than the window.
+    So every run that hands more than that makes progress, whatever the
+    window's size.  When a receiver goes away, the position goes back to
+    where the replay starts."""
+
+    def __init__(self, limit: int, queue: SpoolQueue, unsent_bytes, spool: Spool,
+                 sndhwm: int):
         super().__init__(limit, queue, unsent_bytes)
         self._spool = spool
         self._handed_end = spool.safe
+        self._messages_held = STOCK_RCVHWM + sndhwm
+        # The newest records handed: (start, spool bytes, messages), and their totals
+        self._recent: collections.deque = collections.deque()
+        self._recent_bytes = self._recent_messages = 0
+
+    def held_bytes(self) -> int:
+        """Spool bytes of the newest records handed that a receiver's host
+        and our own buffers may still hold (see the class)."""
+        average = self._recent_bytes / max(1, self._recent_messages)
+        return min(self.limit, RECEIVER_KERNEL_BYTES + REPLAY_SNDBUF
+                   + int(self._messages_held * average))
+
+    def _follow(self, parcel: Parcel):
+        """Move the spool's position past the records no receiver can lose."""
+        recent = self._recent
+        recent.append((parcel.start, parcel.end - parcel.start, len(parcel.messages)))
+        self._recent_bytes += parcel.end - parcel.start
+        self._recent_messages += len(parcel.messages)
+        held = self.held_bytes()
+        while self._recent_bytes - recent[0][1] >= held:
+            _, size, messages = recent.popleft()
+            self._recent_bytes -= size
+            self._recent_messages -= messages
+        if self._recent_bytes >= held:
+            self._spool.move_position(recent[0][0])
 
     def add(self, parcel: Parcel):
-        """parcel (with its place in the spool) was handed to ZeroMQ."""
+        """parcel (with its place in the spool) was handed to ZeroMQ; one
+        kept in memory only (end 0) has no place to come back to."""
+        if not parcel.end:
+            return
         self._handed_end = parcel.end
         if not self.limit:
             self._spool.release(parcel.end)
@@ -2939,6 +3183,7 @@ class SpoolWindow(ReplayWindow):
         while self.nbytes - self._parcels[0][1] >= self.limit:
             self.nbytes -= self._parcels.popleft()[1]
         self._spool.release(self._parcels[0][0])
+        self._follow(parcel)
 
     def replay(self, in_progress: Parcel | None) -> int:
         """A receiver went away: rewind the queue to the window's oldest
@@ -2946,6 +3191,8 @@ class SpoolWindow(ReplayWindow):
         be sent again."""
         if not self.limit:
             return 0
+        if in_progress is not None and not in_progress.end:
+            in_progress = None  # kept in memory only: the sender goes on with it
         events = sum(entry[2] for entry in self._parcels)
         if self._parcels:
             start = self._parcels[0][0]
@@ -2957,13 +3204,20 @@ class SpoolWindow(ReplayWindow):
             events += sum(in_progress.events)
         self._parcels.clear()
         self.nbytes = 0
+        self._forget_recent()
+        self._spool.move_position(start)
         self._queue.rewind(start, self._handed_end)
         return events
+
+    def _forget_recent(self):
+        self._recent.clear()
+        self._recent_bytes = self._recent_messages = 0
 
     def _take(self) -> list:
         """Empty the window: everything handed is done."""
         self._parcels.clear()
         self.nbytes = 0
+        self._forget_recent()
         self._spool.release(self._handed_end)
         return []
 
@@ -3166,7 +3420,7 @@ class Sender:
                 spilled = self.spill(messages, events, sent, parcel.replayed)
                 await self.flush()
                 self._handed = spilled
-                if self._queue.rewinds != rewinds:
+                if self._queue.rewinds != rewinds and parcel.end:
                     self._leave(parcel)
                     return
         self._sent(parcel)
@@ -3186,6 +3440,14 @@ class Sender:
             handed = sum(parcel.events[:self._handed])
             self._counters.events_handed -= handed
             self._counters.events_replayed += handed
+
+    def unhanded_events(self, spooled: bool) -> int:
+        """Events of the Parcel being sent not yet handed to ZeroMQ, if it is
+        spooled (spooled True) or kept in memory only (False), else 0."""
+        current = self._current
+        if current is None or bool(current.end) != spooled:
+            return 0
+        return sum(current.events[self._handed:])
 
     def handed_part(self) -> Parcel | None:
         """What was handed to ZeroMQ of the Parcel being sent, if anything."""
@@ -3263,12 +3525,21 @@ class Confirmer:
     """--confirm (rsyslog omprog confirmMessages) without a spool: the sender
     loop that answers each line read, "OK" once ZeroMQ accepted all of it,
     otherwise a refusal that makes rsyslog send it again; "OK" first of all,
-    when ready."""
+    when ready.
 
-    def __init__(self, sender: Sender, timeout: float, replies: Replies):
+    While no receiver is connected (connected() is 0) a line that ZeroMQ
+    does not take at once is refused at once, not after the timeout: rsyslog
+    waits for each reply before anything else, its shutdown included (its
+    queue workers get about 2.5 s before they are cancelled), so a reply
+    that nothing could turn into "OK" is not made to wait."""
+
+    def __init__(self, sender: Sender, timeout: float, replies: Replies, connected,
+                 counters: Counters):
         self._sender = sender
         self._timeout = timeout
         self._replies = replies
+        self._connected = connected
+        self._counters = counters
 
     async def run(self):
         """Say "OK", then send and answer line by line until END."""
@@ -3292,19 +3563,35 @@ class Confirmer:
         and its retry by rsyslog make a duplicate); while it is there, new
         messages are refused without being kept, so memory stays bounded.
         Accepted messages are kept in the replay window."""
-        sender, line_ok = self._sender, True
+        sender, line_ok, line_events = self._sender, True, 0
         for message, nevents, ends in zip(parcel.messages, parcel.events, parcel.ends_line):
-            accepted = await self._flushed_within()
-            if accepted and not sender.send_now([message], [nevents], 0):
-                sender.window.pressed()
-                sender.spill([message], [nevents], 0)
-                accepted = await self._flushed_within()
+            accepted = line_ok and await self._hand_over(message, nevents)
             if accepted:
                 sender.window.add(parcel_of([message], [nevents], [ends]))
             line_ok = line_ok and accepted
+            line_events += nevents
             if ends:
+                if not line_ok:
+                    self._counters.events_refused += line_events
                 await self._replies.reply(line_ok)
-                line_ok = True
+                line_ok, line_events = True, 0
+
+    async def _hand_over(self, message: bytes, nevents: int) -> bool:
+        """Hand message to ZeroMQ: True once it is accepted, within the
+        timeout; False at once when no receiver is connected and it cannot
+        be accepted now (then it is not kept)."""
+        sender = self._sender
+        if sender.buffered_bytes() and not self._connected():
+            return False
+        if not await self._flushed_within():
+            return False
+        if sender.send_now([message], [nevents], 0):
+            return True
+        sender.window.pressed()
+        if not self._connected():
+            return False
+        sender.spill([message], [nevents], 0)
+        return await self._flushed_within()
 
     def _spill_replay(self, parcel: Parcel):
         """Write a replayed Parcel into the transport at once, without waiting
@@ -3381,7 +3668,8 @@ class Reporter:
                 "spool_unsent_bytes": queue.unsent_bytes(),
                 "spool_age": round(spool.age(queue.oldest_unsent()), 1),
                 "spool_corrupt": self._counters.spool_corrupt,
-                "spool_found": self._counters.events_found}
+                "spool_found": self._counters.events_found,
+                "spool_memory_only": self._counters.events_memory_only}
 
     def print_stats(self):
         """One counters line: "zmqpush: read=N ..." or, with --stats-format json, an object."""
@@ -3541,11 +3829,15 @@ class Shipper:
             read_bytes=config.batch_bytes if config.batch else DEFAULT_READ_BYTES,
             drop_when_full=config.when_full == "drop", coalesce=config.coalesce,
             replies=self._replies if spool is not None else None)
+        if spool is not None:
+            # --confirm answers a line once spooled: one kept in memory only
+            # would be answered before anything holds it for good.
+            self._queue.memory_only = not config.confirm
         if spool is None:
             window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes)
         else:
             window = SpoolWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
-                                 spool)
+                                 spool, config.sndhwm)
         self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
 
@@ -3563,6 +3855,8 @@ class Shipper:
         if self._sender is None:
             return
         events = self._sender.window.replay(self._sender.handed_part())
+        if self._spool is None:
+            self.counters.events_requeued += events
         if events:
             self._reporter.say(f"replaying {events} events that may have been in flight to",
                                endpoint)
@@ -3577,7 +3871,8 @@ class Shipper:
         then give the sender until the --linger deadline to deliver what was
         read; then cancel and await every task."""
         if self.config.confirm and self._spool is None:
-            sender = Confirmer(self._sender, self.config.confirm_timeout, self._replies).run()
+            sender = Confirmer(self._sender, self.config.confirm_timeout, self._replies,
+                               lambda: self.counters.connected, self.counters).run()
         else:
             sender = self._sender.run()
         if self.config.confirm and self._stdout_closed:
@@ -3644,12 +3939,22 @@ class Shipper:
         """Say what went wrong or was left undelivered, print the closing line;
         returns the exit code: 1 after a failure, 3 if any line may not have
         been delivered (not handed over, dropped, still held by ZeroMQ, left
-        in the spool, or not waited for with --linger 0), else 0."""
+        in the spool, or not waited for with --linger 0), else 0.  With
+        --confirm and no spool a line is confirmed only once it is handed over,
+        so those not handed were refused or never answered: rsyslog still has
+        them, and they count as no loss."""
         counters, spool = self.counters, self._spool
         not_handed = counters.not_handed()
         problems = []
-        if not_handed > counters.events_unspooled:
-            problems.append(f"{not_handed - counters.events_unspooled} messages were not "
+        unreplayed = counters.events_requeued - counters.events_replayed
+        if unreplayed > 0:
+            problems.append(f"{unreplayed} messages put back to be sent again after a receiver "
+                            f"went away were not handed to ZeroMQ again within --linger "
+                            f"{self.config.linger:g}s: lost")
+        lost = counters.events_unspooled + self._memory_only_unhanded()
+        confirmed_only = self.config.confirm and spool is None
+        if not confirmed_only and not_handed > lost:
+            problems.append(f"{not_handed - lost} messages were not "
                             f"handed to ZeroMQ within --linger {self.config.linger:g}s "
                             "(receiver down or too slow)"
                             + ("; the spool keeps them" if spool is not None else ""))
@@ -3677,6 +3982,8 @@ class Shipper:
         if counters.disconnects:
             closing += (f". Replayed {counters.events_replayed} messages after "
                         f"{counters.disconnects} receiver disconnects")
+        if counters.events_refused:
+            closing += f". Refused {counters.events_refused} lines to rsyslog (it sends them again)"
         if spool is not None:
             closing += self._spool_closing(left)
         write_stderr(closing + "\n")
@@ -3688,11 +3995,21 @@ class Shipper:
         if counters.events_unspooled:
             problems.append(f"{counters.events_unspooled} messages read could not be "
                             "written to the spool before the run ended: lost")
-        left = spool.end - spool.safe
+        memory_only = self._memory_only_unhanded()
+        if memory_only:
+            problems.append(f"{memory_only} messages kept in memory only (the spool could "
+                            "not take them) were not handed to ZeroMQ: lost")
+        left = spool.end - spool.position
         if left:
             problems.append(f"{left} bytes stay in the spool {spool.directory}: "
                             "the next run on it sends them first")
         return left
+
+    def _memory_only_unhanded(self) -> int:
+        """Events kept in memory only (see SpoolQueue) not handed to ZeroMQ."""
+        if self._spool is None:
+            return 0
+        return self._queue.memory_only_events() + self._sender.unhanded_events(False)
 
     def _spool_closing(self, left: int) -> str:
         """The closing line's spool part: what came from a previous run, what
@@ -3702,15 +4019,26 @@ class Shipper:
             text += f". Read {counters.events_found} messages a previous run left in the spool"
         if counters.spool_corrupt:
             text += f". Skipped {counters.spool_corrupt} damaged stretches of the spool"
+        if counters.events_memory_only:
+            text += (f". Kept {counters.events_memory_only} messages in memory only "
+                     "(the spool could not take them)")
         return text + f". Spooled: {left} bytes left in {self._spool.directory}"
 
     def _install_signals(self):
+        """The run's handlers; then a stop signal that came while zmqpush
+        started (the launcher blocked it, so it is pending) is taken: what
+        stdin holds by then is read and shipped, and reading stops."""
         loop = asyncio.get_running_loop()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, signal.SIGTERM)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, signal.SIGINT)
+        stops = stop_signals()
+        for signum in stops:
+            loop.add_signal_handler(signum, self._on_stop_signal, signum)
         loop.add_signal_handler(signal.SIGUSR1, self._reporter.print_stats)
+        early = [signal.sigtimedwait(stops, 0) for _ in stops if signal.sigpending() & stops]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        if any(early):
+            self._stop_signals = 1
+            self._reader.stop_when_read()
 
     def _on_stop_signal(self, signum: int):
         """First SIGTERM/SIGINT: stop reading and linger.  Second: exit now."""
@@ -3720,6 +4048,14 @@ class Shipper:
             return
         warn(f"interrupted: {self.counters.not_handed()} messages not handed to ZeroMQ")
         os._exit(EXIT_SIGNAL_BASE + signum)
+
+
+def stop_signals() -> set:
+    """SIGTERM, and SIGINT unless it was ignored when zmqpush started (as
+    omprog starts it: then it stays ignored)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return {signal.SIGTERM}
+    return {signal.SIGTERM, signal.SIGINT}
 
 
 def failed(task: asyncio.Task) -> bool:
@@ -3806,6 +4142,7 @@ def main(argv=None) -> int:
         warn(f"failed: {describe(exc)}")
         return EXIT_ERROR
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())  # the result stands
         loop.close()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop's handlers are gone
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -10,6 +10,7 @@ import re
 import select
 import shutil
 import socket
+import subprocess
 import threading
 import time
 
@@ -19,7 +20,7 @@ import zmq.auth
 from rsyslog import ImczmqRsyslog, imczmq_available
 from test_imczmq import LOGTYPE, expected_json, hostile_lines, wait_until
 
-from conftest import Receiver, free_port, run, start, stop_process, vm_peak_rss_kib
+from conftest import Receiver, cli, env_with, free_port, run, start, stop_process, vm_peak_rss_kib
 
 SECRET_MARK = b"password=hunter2"
 
@@ -88,6 +89,20 @@ def test_make_cert_writes_a_key_pair_both_libraries_read_and_never_overwrites(tm
     ignored = run(["-c", "tcp://127.0.0.1:9", "--linger", "0"],
                   env={"ZMQPUSH_MAKE_CERT": str(tmp_path / "env")})
     assert ignored.returncode == 0 and not list(tmp_path.glob("env*"))
+
+
+@pytest.mark.parametrize("base", ["", "keys/", "keys/sub/"])
+def test_make_cert_with_no_file_name_is_a_usage_error_and_writes_nothing(tmp_path, base):
+    """'' or a path ending in '/' would write the hidden files .key and
+    .key_secret into that directory (or the current one)."""
+    (tmp_path / "keys" / "sub").mkdir(parents=True)
+    made = subprocess.run(cli("--make-cert", base), capture_output=True, timeout=60,
+                          cwd=tmp_path, env=env_with(None))
+    assert made.returncode == 2, made.stderr
+    lines = made.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zmqpush: --make-cert"), lines
+    assert made.stdout == b""
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["keys", "sub"]
 
 
 # -- connecting ---------------------------------------------------------------------
