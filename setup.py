@@ -31,9 +31,10 @@ _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGTERM} | (
     {_signal.SIGINT} if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN else set()))
 _signal.signal(_signal.SIGHUP, _signal.SIG_IGN)
 _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
-# This file is named zmqpush.py too: import the module, not this file.
-if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
-    del sys.path[0]
+# This file is named zmqpush.py too: import the module, not this file (its directory
+# may be on the path more than once: first as the script's, again by PYTHONPATH).
+_here = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or ".") != _here]
 
 from zmqpush import main  # noqa: E402
 

@@ -16,13 +16,14 @@ import sys
 # zmqpush.py launcher, which must not shadow the zmqpush module; from a checkout, the module
 # is the zmqpush.py beside it.
 INSTALLED = False
-if INSTALLED and sys.path and (
-        os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__))):
-    del sys.path[0]
+if INSTALLED:
+    _here = os.path.dirname(os.path.realpath(__file__))
+    sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or ".") != _here]
 
 import zmqpush  # noqa: E402
 
 TCP_WMEM = "/proc/sys/net/ipv4/tcp_wmem"
+DESCRIPTION = "Print the watermarks zmqpush would run with, for the same options."
 
 
 def kernel_tcp_wmem() -> str:
@@ -62,26 +63,11 @@ def report(values: dict, as_json: bool) -> str:
         f"net.ipv4.tcp_wmem: {values['tcp_wmem']}"))
 
 
-def write_stdout(text: str) -> int:
-    """Write text to descriptor 1; the exit code: 0, or 1 if it cannot be
-    written (one line on stderr, none when the reader has gone: EPIPE)."""
-    data = text.encode()
-    try:
-        while data:
-            data = data[os.write(1, data):]
-    except BrokenPipeError:
-        return zmqpush.EXIT_ERROR
-    except OSError as exc:
-        zmqpush.warn(f"cannot write to stdout: {exc.strerror or exc}")
-        return zmqpush.EXIT_ERROR
-    return zmqpush.EXIT_OK
-
-
 def main(argv=None) -> int:
     """The command line: returns the exit code."""
     closed = zmqpush.reopen_closed_std_fds()
     parser = zmqpush.build_parser("zmqpush-watermark.py")
-    parser.description = __doc__.split("\n\n")[0]
+    parser.description = DESCRIPTION
     parser.epilog = None
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     try:
@@ -101,7 +87,7 @@ def main(argv=None) -> int:
         return zmqpush.endpoint_error_code(exc)
     finally:
         loop.close()
-    return write_stdout(report(values, args.json))
+    return zmqpush.write_stdout(report(values, args.json))
 
 
 if __name__ == "__main__":

@@ -165,6 +165,21 @@ exit codes:
 """
 
 
+def write_stdout(text: str) -> int:
+    """Write text to descriptor 1; the exit code: 0, or 1 if it cannot be
+    written (one line on stderr, none when the reader has gone: EPIPE)."""
+    data = text.encode()
+    try:
+        while data:
+            data = data[os.write(1, data):]
+    except BrokenPipeError:
+        return EXIT_ERROR
+    except OSError as exc:
+        warn(f"cannot write to stdout: {exc.strerror or exc}")
+        return EXIT_ERROR
+    return EXIT_OK
+
+
 class UsageError(Exception):
     """A bad option, value or endpoint: reported in one line, exit 2."""
 
@@ -728,10 +743,9 @@ class _MakeCertAction(argparse.Action):
         except OSError as exc:
             warn(f"--make-cert: cannot write {exc.filename}: {exc.strerror or exc}")
             parser.exit(EXIT_ERROR)
-        sys.stdout.write(f"public certificate: {public} (give it to the other side)\n"
-                         f"secret certificate: {secret} (keep it here, mode 600)\n"
-                         f"public key: {key}\n")
-        parser.exit(EXIT_OK)
+        parser.exit(write_stdout(f"public certificate: {public} (give it to the other side)\n"
+                                 f"secret certificate: {secret} (keep it here, mode 600)\n"
+                                 f"public key: {key}\n"))
 
 
 def _cert_text(title: str, public: str, secret: str | None) -> str:
@@ -2058,9 +2072,11 @@ class Spool:
         self._read_start = -1
         try:
             os.makedirs(directory, 0o700, exist_ok=True)
+            self._refuse_foreign_files()
             self._lock_fd = self._lock()
             self._position_fd = os.open(self._path("position"),
                                         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            self._refuse_foreign_position()
             self._starts, self._sizes = self._segments()
             self.safe = self._read_position()
             self._done = self.safe  # see position
@@ -2075,6 +2091,23 @@ class Spool:
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
+
+    def _refuse_foreign_files(self):
+        """SpoolError if the directory holds anything a spool does not write: a
+        spool never takes over (overwrites, deletes) files of someone else's."""
+        for name in sorted(os.listdir(self.directory)):
+            if name not in ("lock", "position") and not SEGMENT_NAME.match(name):
+                raise SpoolError(f"--spool {self.directory} holds {name!r}, which is not "
+                                 "a spool's: give a new or empty directory, or a spool")
+
+    def _refuse_foreign_position(self):
+        """SpoolError if `position` holds what no spool writes (digits and a
+        newline; zeros or nothing where a crash tore the write)."""
+        text = os.pread(self._position_fd, 64, 0)
+        if text.strip(b"0123456789\n\0"):
+            os.close(self._position_fd)
+            raise SpoolError(f"--spool {self.directory}: its 'position' file is not a "
+                             "spool's: give a new or empty directory, or a spool")
 
     def _lock(self) -> int:
         """The lock file's descriptor, flock()ed; SpoolError if another run holds it."""

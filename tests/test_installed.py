@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, WATERMARK, ZMQPUSH, run
+from conftest import BIN, WATERMARK, ZMQPUSH, env_with, run
 
 SHADOW = 'raise SystemExit("the zmqpush.py in the current directory was imported")\n'
 
@@ -67,3 +67,57 @@ def test_make_cert_through_the_installed_command(tmp_path):
     assert (tmp_path / "pair.key").is_file() and (tmp_path / "pair.key_secret").is_file()
     again = run(["--make-cert", str(tmp_path / "pair")])
     assert again.returncode == 2 and again.stderr.startswith(b"zmqpush: ")
+
+
+@pytest.mark.parametrize("where", ["bin", "root"])
+@pytest.mark.parametrize("command", [ZMQPUSH, WATERMARK], ids=["zmqpush", "watermark"])
+def test_the_commands_run_with_their_own_directory_on_pythonpath(command, where, tmp_path):
+    """bin/ named again by PYTHONPATH, or as its empty entry (the current directory),
+    must not make the launcher import itself."""
+    cwd = working_directories(tmp_path)[where]
+    for pythonpath in (str(BIN), ":/nonexistent"):
+        proc = subprocess.run([command, "--version"], cwd=cwd, capture_output=True,
+                              timeout=30, env=env_with({"PYTHONPATH": pythonpath}))
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(b"zmqpush ")
+
+
+def test_the_watermark_tool_runs_with_docstrings_stripped():
+    proc = subprocess.run([WATERMARK, "--help"], capture_output=True, timeout=30,
+                          env=env_with({"PYTHONOPTIMIZE": "2"}))
+    assert proc.returncode == 0, proc.stderr
+    assert b"Print the watermarks" in proc.stdout
+
+
+@pytest.mark.parametrize(("redirect", "code", "said"), [
+    (">&-", 0, []),  # stdout closed at start is opened on /dev/null (README "Exit codes")
+    (">/dev/full", 1, ["zmqpush: cannot write to stdout: No space left on device"])])
+def test_make_cert_whose_stdout_cannot_be_written_never_gives_a_traceback(
+        tmp_path, redirect, code, said):
+    proc = subprocess.run(["sh", "-c", f'exec "$0" --make-cert "$1" {redirect}', ZMQPUSH,
+                           str(tmp_path / "pair")], capture_output=True, timeout=30)
+    assert proc.returncode == code
+    assert proc.stderr.decode().splitlines() == said
+    assert (tmp_path / "pair.key").is_file()
+
+
+def test_a_spool_never_takes_over_a_directory_holding_other_files(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "notes.txt").write_text("mine\n")
+    proc = run(["--spool", str(data), "-c", "tcp://127.0.0.1:9"], b"line\n")
+    assert proc.returncode == 2
+    assert proc.stderr.decode().splitlines() == [
+        f"zmqpush: --spool {data} holds 'notes.txt', which is not a spool's: give a new "
+        "or empty directory, or a spool"]
+    assert sorted(p.name for p in data.iterdir()) == ["notes.txt"]
+
+
+def test_a_spool_never_overwrites_a_position_file_it_did_not_write(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "position").write_text("IMPORTANT USER DATA\n")
+    proc = run(["--spool", str(data), "-c", "tcp://127.0.0.1:9"], b"line\n")
+    assert proc.returncode == 2
+    assert b"its 'position' file is not a spool's" in proc.stderr
+    assert (data / "position").read_text() == "IMPORTANT USER DATA\n"
