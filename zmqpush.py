@@ -3560,18 +3560,18 @@ class Confirmer:
     otherwise a refusal that makes rsyslog send it again; "OK" first of all,
     when ready.
 
-    While no receiver is connected (connected() is 0) a line that ZeroMQ
-    does not take at once is refused at once, not after the timeout: rsyslog
+    A line waits for ZeroMQ at most patience() seconds: the timeout while a
+    receiver is connected, at most the first second before one ever was, and
+    none while none is after that: then a line ZeroMQ does not take at once is
+    refused at once, not after the timeout: rsyslog
     waits for each reply before anything else, its shutdown included (its
     queue workers get about 2.5 s before they are cancelled), so a reply
     that nothing could turn into "OK" is not made to wait."""
 
-    def __init__(self, sender: Sender, timeout: float, replies: Replies, connected,
-                 counters: Counters):
+    def __init__(self, sender: Sender, replies: Replies, patience, counters: Counters):
         self._sender = sender
-        self._timeout = timeout
         self._replies = replies
-        self._connected = connected
+        self._patience = patience
         self._counters = counters
 
     async def run(self):
@@ -3610,21 +3610,22 @@ class Confirmer:
                 line_ok, line_events = True, 0
 
     async def _hand_over(self, message: bytes, nevents: int) -> bool:
-        """Hand message to ZeroMQ: True once it is accepted, within the
-        timeout; False at once when no receiver is connected and it cannot
-        be accepted now (then it is not kept)."""
+        """Hand message to ZeroMQ: True once it is accepted within patience();
+        False when it is not (then it is not kept)."""
         sender = self._sender
-        if sender.buffered_bytes() and not self._connected():
+        patience = self._patience()
+        if sender.buffered_bytes() and not patience:
             return False
-        if not await self._flushed_within():
+        if not await self._flushed_within(patience):
             return False
         if sender.send_now([message], [nevents], 0):
             return True
         sender.window.pressed()
-        if not self._connected():
+        patience = self._patience()
+        if not patience:
             return False
         sender.spill([message], [nevents], 0)
-        return await self._flushed_within()
+        return await self._flushed_within(patience)
 
     def _spill_replay(self, parcel: Parcel):
         """Write a replayed Parcel into the transport at once, without waiting
@@ -3635,8 +3636,8 @@ class Confirmer:
         self._sender.settle()
         self._sender.window.add(parcel)
 
-    async def _flushed_within(self) -> bool:
-        """True if the transport buffer is (or becomes, within the timeout)
+    async def _flushed_within(self, timeout: float) -> bool:
+        """True if the transport buffer is (or becomes, within timeout)
         empty.  An empty buffer is never waited for, so timeout 0 accepts what
         ZeroMQ took at once."""
         sender = self._sender
@@ -3644,7 +3645,7 @@ class Confirmer:
             sender.settle()
             return True
         try:
-            await asyncio.wait_for(sender.flush(), self._timeout)
+            await asyncio.wait_for(sender.flush(), timeout)
         except asyncio.TimeoutError:
             sender.settle()
             return False
@@ -3894,6 +3895,17 @@ class Shipper:
             self._reporter.say(f"replaying {events} events that may have been in flight to",
                                endpoint)
 
+    def _confirm_patience(self) -> float:
+        """Seconds a line may wait for ZeroMQ in confirm mode now: --confirm-timeout
+        while a receiver is connected; before the first one, at most what is left of
+        the first second (then "no receiver yet" is said); none after that."""
+        if self.counters.connected:
+            return self.config.confirm_timeout
+        if self.counters.disconnects or self._waiting.cancelled():
+            return 0.0
+        left = self._waiting.when() - asyncio.get_running_loop().time()
+        return min(self.config.confirm_timeout, max(0.0, left))
+
     def _say_if_unconnected(self):
         if not self.counters.connected:
             endpoints = " ".join(self.config.connect + self.config.bind)
@@ -3904,8 +3916,8 @@ class Shipper:
         then give the sender until the --linger deadline to deliver what was
         read; then cancel and await every task."""
         if self.config.confirm and self._spool is None:
-            sender = Confirmer(self._sender, self.config.confirm_timeout, self._replies,
-                               lambda: self.counters.connected, self.counters).run()
+            sender = Confirmer(self._sender, self._replies, self._confirm_patience,
+                               self.counters).run()
         else:
             sender = self._sender.run()
         if self.config.confirm and self._stdout_closed:
