@@ -251,16 +251,29 @@ def test_receiver_down_for_the_whole_input_the_producer_finishes_then_all_arrive
 
 
 def test_without_a_spool_the_same_producer_blocks_while_the_receiver_is_down():
-    """The contrast: the 4 MiB queue fills and the pipe with it."""
-    proc = start(["-q", "-c", f"tcp://127.0.0.1:{free_port()}"])
-    producer = Producer(proc, numbered(0, 1_000_000))
+    """The contrast: the 4 MiB queue fills and the pipe with it; zmqpush still
+    runs, holding what it read, and a receiver started then gets every line."""
+    port, lines, pad = free_port(), 60_000, "x" * 91  # 8 MiB of JSON: twice the queue
+    proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--linger", "30"])
+    producer = Producer(proc, b"".join(b"%08d%s\n" % (i, pad.encode()) for i in range(lines)))
+    receiver = None
     try:
         producer.start()
         producer.join(3)
         assert not producer.closed.is_set()
+        assert proc.poll() is None, proc.stderr.read()
+        receiver = Receiver(port)
+        producer.join(60)
+        assert producer.closed.is_set()
+        assert proc.wait(60) == 0, proc.stderr.read()
+        receiver.wait_for(lines)
+        receiver.settle(0.3)
     finally:
         stop_process(proc)
         producer.join(10)
+        if receiver is not None:
+            receiver.stop()
+    assert receiver.messages() == [f"{i:08d}{pad}" for i in range(lines)]
 
 
 # -- 2. zmqpush killed again and again
