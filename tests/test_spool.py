@@ -858,3 +858,22 @@ def test_a_full_disk_is_said_once_and_every_line_arrives_once_there_is_room(
     assert len(said) == 1 and "No space left on device" in said[0], errors.read_text()
     numbers = [int(d["message"]) for frames in receiver.frames() for d in strict_docs(frames)]
     assert numbers == list(range(lines))
+
+
+def test_a_symlink_named_like_a_segment_is_not_followed(tmp_path, receiver):
+    """It is left be, as anything in DIR that is not a regular file named like
+    a segment: the file it points to (a good segment) is neither read nor changed."""
+    first = run(["-q", "-c", f"tcp://127.0.0.1:{free_port()}", "--spool",
+                 str(tmp_path / "elsewhere"), "--linger", "0"], b"a\nb\n")
+    assert first.returncode == 3, first.stderr
+    (target,) = segments(tmp_path / "elsewhere")
+    data = target.read_bytes()
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    (spool / target.name).symlink_to(target)
+    with open(os.devnull, "rb") as empty:
+        proc = run(["-q", "-c", receiver.endpoint, "--spool", str(spool)], stdin=empty)
+    assert proc.returncode == 0, proc.stderr
+    assert "previous run left" not in closing_line(proc.stderr)
+    assert receiver.settle(0.5) == 0
+    assert target.read_bytes() == data and (spool / target.name).is_symlink()
