@@ -2130,7 +2130,7 @@ class Spool:
         for name in os.listdir(self.directory):
             match = SEGMENT_NAME.match(name)
             if match:
-                info = os.stat(self._path(name))
+                info = os.lstat(self._path(name))
                 if stat.S_ISREG(info.st_mode):
                     sizes[int(match.group(1))] = info.st_size
         return sorted(sizes), sizes

@@ -185,21 +185,48 @@ def test_stats_lines_parse_and_match_what_the_receiver_got(receiver):
         stop_process(proc)
 
 
-def test_text_stats_and_sigusr1(receiver):
+def stats_fields(line: str) -> dict:
+    """The counters of one text stats line "zmqpush: read=N sent=N ..."."""
+    return dict(kv.split("=") for kv in line.split(": ", 1)[1].split())
+
+
+def text_stats(stderr: bytes) -> list:
+    """The counters of every text stats line on stderr, in order."""
+    return [stats_fields(line) for line in stderr.decode().splitlines()
+            if line.startswith("zmqpush: read=")]
+
+
+def test_text_stats_print_on_the_stats_timer(receiver):
     proc = start(["-c", receiver.endpoint, "--stats", "0.2"])
     try:
         proc.stdin.write(b"x\ny\n")
         proc.stdin.flush()
-        receiver.wait_for(2)
-        time.sleep(0.5)
-        os.kill(proc.pid, signal.SIGUSR1)
-        time.sleep(0.2)
+        assert receiver.wait_for(2) == 2
+        time.sleep(0.7)  # three or more turns of the 0.2 s timer, no signal
         proc.stdin.close()
         assert proc.wait(10) == 0
-        lines = [line for line in proc.stderr.read().decode().splitlines()
-                 if line.startswith("zmqpush: read=")]
-        fields = dict(kv.split("=") for kv in lines[-1].split(": ", 1)[1].split())
-        assert fields["read"] == fields["sent"] == "2" and fields["connected"] == "1"
+        stats = text_stats(proc.stderr.read())
+        assert len(stats) >= 2, stats
+        assert stats[-1]["read"] == stats[-1]["sent"] == "2" and stats[-1]["connected"] == "1"
+    finally:
+        stop_process(proc)
+
+
+def test_sigusr1_prints_the_counters_of_that_moment_once_per_signal(receiver):
+    """No --stats timer: each counters line is a SIGUSR1's, with the counts then."""
+    proc = start(["-c", receiver.endpoint])
+    try:
+        for line, count in ((b"x\n", 1), (b"y\n", 2)):
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            assert receiver.wait_for(count) == count
+            os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(0.3)
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+        stats = text_stats(proc.stderr.read())
+        assert [(s["read"], s["sent"], s["connected"]) for s in stats] == [
+            ("1", "1", "1"), ("2", "2", "1")], stats
     finally:
         stop_process(proc)
 
@@ -224,7 +251,7 @@ def test_progress_shows_on_a_terminal_only(receiver):
         proc.stdin.flush()
         shown = read_pty(master, 1.5)
         proc.stdin.close()
-        proc.wait(10)
+        assert proc.wait(10) == 0
         shown += read_pty(master, 0.5)
         assert b"\r\x1b[Kzmqpush: " in shown
         assert b"3 sent" in shown and b"1 connected" in shown
@@ -232,33 +259,42 @@ def test_progress_shows_on_a_terminal_only(receiver):
         stop_process(proc)
         os.close(master)
     plain = run(["-c", receiver.endpoint, "--progress"], b"d\n")
+    assert plain.returncode == 0, plain.stderr
     assert b"\r" not in plain.stderr and b"lines/s" not in plain.stderr
     assert closing_count(plain.stderr) == 1
 
 
-def test_connection_events_when_a_receiver_starts_and_stops_and_quiet_silences_them():
-    port = free_port()
-    endpoint = f"tcp://127.0.0.1:{port}"
-    proc = start(["-c", endpoint])
+def connection_events_of_a_run(port: int, *args: str) -> str:
+    """stderr of zmqpush connecting to port with args while a receiver starts
+    there, gets a line and stops again; the run itself must exit 0."""
+    proc = start(["-c", f"tcp://127.0.0.1:{port}", *args])
     try:
         time.sleep(0.5)
         receiver = Receiver(port)
         proc.stdin.write(b"x\n")
         proc.stdin.flush()
-        receiver.wait_for(1)
-        time.sleep(0.3)
+        assert receiver.wait_for(1) == 1
+        time.sleep(2)  # the replay window empties: nothing to send again
         receiver.stop()
         time.sleep(0.5)
         proc.stdin.close()
-        proc.wait(10)
+        assert proc.wait(10) == 0, proc.stderr.read()
         err = proc.stderr.read().decode()
-        assert f"zmqpush: receiver connected {endpoint}" in err
-        assert f"zmqpush: receiver disconnected {endpoint}" in err
     finally:
         stop_process(proc)
-    quiet = run(["-c", endpoint, "-q", "--linger", "0.5"], b"", timeout=10)
-    assert quiet.stderr.decode().splitlines()[-1].startswith("Processed 0 messages")
-    assert "receiver" not in quiet.stderr.decode()
+    assert closing_count(err.encode()) == 1
+    return err
+
+
+def test_connection_events_when_a_receiver_starts_and_stops_and_quiet_silences_them():
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    err = connection_events_of_a_run(port)
+    assert f"zmqpush: receiver connected {endpoint}" in err
+    assert f"zmqpush: receiver disconnected {endpoint}" in err
+    quiet = connection_events_of_a_run(port, "-q")
+    (closing,) = quiet.splitlines()  # no event: only the closing line
+    assert closing.startswith("Processed 1 messages"), quiet
 
 
 def test_every_option_from_the_environment_with_no_arguments(receiver):
@@ -273,8 +309,30 @@ def test_every_option_from_the_environment_with_no_arguments(receiver):
     (event,) = json.loads(frame)
     assert event["type"] == "envtype" and event["a"] == "1" and event["b"] == "2"
     assert "@timestamp" in event
+    assert b"receiver" not in proc.stderr  # ZMQPUSH_QUIET: no connection event
+    loud = run([], b"from env\n", env={**env, "ZMQPUSH_QUIET": "off"})
+    assert loud.returncode == 0 and b"receiver connected" in loud.stderr
+    down = f"tcp://127.0.0.1:{free_port()}"
+    lingered = run([], b"x\n", env={**env, "ZMQPUSH_CONNECT": down, "ZMQPUSH_LINGER": "0.3"})
+    assert lingered.returncode == 3
+    assert b"1 messages were not handed to ZeroMQ within --linger 0.3s" in lingered.stderr
     bad = run([], b"", env={"ZMQPUSH_WHEN_FULL": "sometimes"})
     assert bad.returncode == 2 and b"ZMQPUSH_WHEN_FULL" in bad.stderr
+
+
+def test_the_command_line_wins_over_the_environment(receiver):
+    down = f"tcp://127.0.0.1:{free_port()}"
+    env = {"ZMQPUSH_CONNECT": down, "ZMQPUSH_LOGTYPE": "envtype", "ZMQPUSH_FIELD": "a=env",
+           "ZMQPUSH_LINGER": "30"}
+    proc = run(["-c", receiver.endpoint, "-f", "a=cli", "argtype"],
+               b"x\n", env=env, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(1) == 1
+    (event,) = receiver.events()
+    assert (event["type"], event["a"]) == ("argtype", "cli")
+    lingered = run(["--linger", "0.3"], b"x\n", env=env, timeout=20)
+    assert lingered.returncode == 3
+    assert b"within --linger 0.3s" in lingered.stderr
 
 
 def test_help_groups_the_options_by_concern():

@@ -10,8 +10,18 @@ import threading
 import time
 
 import pytest
+import zmq
 
-from conftest import SINK, Receiver, closing_count, free_port, start, stop_process, vm_peak_rss_kib
+from conftest import (
+    SINK,
+    Receiver,
+    closing_count,
+    free_port,
+    run,
+    start,
+    stop_process,
+    vm_peak_rss_kib,
+)
 
 MIB = 1 << 20
 
@@ -208,6 +218,92 @@ def test_second_sigint_exits_at_once_with_the_count():
         assert b"interrupted: 5000 messages not handed to ZeroMQ" in proc.stderr.read()
     finally:
         stop_process(proc)
+
+
+def test_second_sigterm_exits_at_once_with_143_and_the_count():
+    port = free_port()
+    proc = start(["-c", f"tcp://127.0.0.1:{port}", "--linger", "60"])
+    try:
+        proc.stdin.write(b"".join(b"%d\n" % i for i in range(3000)))
+        proc.stdin.flush()
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        assert proc.poll() is None, "first SIGTERM must linger, receiver is down"
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(5) == 143
+        assert b"interrupted: 3000 messages not handed to ZeroMQ" in proc.stderr.read()
+    finally:
+        stop_process(proc)
+
+
+def ignore_sigint():
+    """preexec_fn: start the child with SIGINT ignored, as omprog does."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_sigint_ignored_at_start_stays_ignored(receiver):
+    """SIGINT every 20 ms from the fork on, through start-up and the run:
+    zmqpush neither stops reading nor exits, and ships what comes after."""
+    proc = start(["-c", receiver.endpoint], preexec_fn=ignore_sigint)
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGINT)
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.stderr.read()
+        proc.stdin.write(b"after\n")
+        proc.stdin.flush()
+        assert receiver.wait_for(1, 5) == 1
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.2)
+        proc.stdin.write(b"still\n")
+        proc.stdin.close()
+        assert proc.wait(10) == 0, proc.stderr.read()
+        receiver.settle(0.3)
+        assert receiver.messages() == ["after", "still"]
+    finally:
+        stop_process(proc)
+
+
+CLOSING = re.compile(r"Processed (\d+) messages in (\d+\.\d{4})ms\. Tagged with @pid:(\d+)")
+
+
+def test_the_closing_line_says_count_milliseconds_with_4_decimals_and_pid(receiver):
+    began = time.monotonic()
+    proc = start(["-c", receiver.endpoint])
+    try:
+        _, err = proc.communicate(b"a\nb\nc\n", timeout=20)
+    finally:
+        stop_process(proc)
+    took_ms = (time.monotonic() - began) * 1000
+    assert proc.returncode == 0, err
+    last = err.decode().splitlines()[-1]
+    match = CLOSING.fullmatch(last)
+    assert match, last
+    assert int(match.group(1)) == 3 and int(match.group(3)) == proc.pid
+    assert 0 < float(match.group(2)) <= took_ms  # the run's time, within the process's life
+
+
+def test_zeromq_holding_messages_when_linger_runs_out_exits_3():
+    """A receiver that connects and never reads (RCVHWM 1, a 4 KiB socket
+    buffer): every line is handed to ZeroMQ, which cannot deliver them within
+    --linger.  No line is counted as not handed; the exit code is 3 all the same."""
+    port = free_port()
+    stalled = zmq.Context.instance().socket(zmq.PULL)
+    stalled.setsockopt(zmq.RCVHWM, 1)
+    stalled.setsockopt(zmq.RCVBUF, 4096)
+    stalled.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        data = b"".join(b"%04d" % i + b"x" * 60_000 + b"\n" for i in range(50))  # 3 MB
+        proc = run(["-c", f"tcp://127.0.0.1:{port}", "--linger", "1"], data, timeout=30)
+    finally:
+        stalled.close(0)
+    assert proc.returncode == 3, proc.stderr
+    err = proc.stderr.decode()
+    assert "zmqpush: ZeroMQ still held undelivered messages" in err
+    assert "when --linger ran out" in err and "not handed" not in err
+    assert closing_count(proc.stderr) == 50
 
 
 def test_sighup_is_ignored_and_sigusr1_prints_counters(receiver):

@@ -224,11 +224,15 @@ def test_bind_address_in_use_is_a_runtime_error():
 
 
 def test_help_explains_and_version_prints():
-    out = run(["--help"]).stdout.decode()
+    helped = run(["--help"])
+    assert helped.returncode == 0 and helped.stderr == b"", helped.stderr
+    out = helped.stdout.decode()
     for word in ("LOGTYPE", "--connect", "--bind", "--linger", "--sndhwm",
                  "--write-buffer-limits", "exit codes", "omprog", "tail -F"):
         assert word in out
-    assert run(["--version"]).stdout.decode().startswith("zmqpush ")
+    version = run(["--version"])
+    assert version.returncode == 0 and version.stderr == b"", version.stderr
+    assert version.stdout.decode().startswith("zmqpush ")
 
 
 def test_watermark_tool_prints_the_originals_lines_then_zeromq_and_kernel():
@@ -245,6 +249,7 @@ def test_watermark_tool_json_follows_the_options():
     proc = subprocess.run([WATERMARK, "--json", "--sndhwm", "42",
                            "--write-buffer-limits", "8000,2000"],
                           capture_output=True, timeout=10)
+    assert proc.returncode == 0, proc.stderr
     values = json.loads(proc.stdout)
     assert values["low_watermark"] == 2000 and values["high_watermark"] == 8000
     assert values["sndhwm"] == 42

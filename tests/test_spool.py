@@ -3,13 +3,17 @@ the cap holds; damage is skipped; one run per directory; order across runs;
 a stop keeps what was read.  Real files, sockets on 127.0.0.1 and processes."""
 import json
 import os
+import pwd
 import random
 import re
+import select
+import shutil
 import signal
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -17,7 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Receiver, free_port, run, start, stop_process
+from conftest import (
+    ZMQPUSH,
+    Receiver,
+    env_with,
+    free_port,
+    python_script,
+    run,
+    start,
+    stop_process,
+)
 
 KIB, MIB = 1 << 10, 1 << 20
 READ_BYTES = 256 * KIB  # zmqpush's read size: what a SIGKILL may catch read but not spooled
@@ -251,16 +264,29 @@ def test_receiver_down_for_the_whole_input_the_producer_finishes_then_all_arrive
 
 
 def test_without_a_spool_the_same_producer_blocks_while_the_receiver_is_down():
-    """The contrast: the 4 MiB queue fills and the pipe with it."""
-    proc = start(["-q", "-c", f"tcp://127.0.0.1:{free_port()}"])
-    producer = Producer(proc, numbered(0, 1_000_000))
+    """The contrast: the 4 MiB queue fills and the pipe with it; zmqpush still
+    runs, holding what it read, and a receiver started then gets every line."""
+    port, lines, pad = free_port(), 60_000, "x" * 91  # 8 MiB of JSON: twice the queue
+    proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--linger", "30"])
+    producer = Producer(proc, b"".join(b"%08d%s\n" % (i, pad.encode()) for i in range(lines)))
+    receiver = None
     try:
         producer.start()
         producer.join(3)
         assert not producer.closed.is_set()
+        assert proc.poll() is None, proc.stderr.read()
+        receiver = Receiver(port)
+        producer.join(60)
+        assert producer.closed.is_set()
+        assert proc.wait(60) == 0, proc.stderr.read()
+        receiver.wait_for(lines)
+        receiver.settle(0.3)
     finally:
         stop_process(proc)
         producer.join(10)
+        if receiver is not None:
+            receiver.stop()
+    assert receiver.messages() == [f"{i:08d}{pad}" for i in range(lines)]
 
 
 # -- 2. zmqpush killed again and again
@@ -386,6 +412,7 @@ def test_damaged_and_torn_records_are_skipped_and_everything_else_arrives(tmp_pa
         receiver.settle(0.5)
     finally:
         receiver.stop()
+    assert second.returncode == 0, second.stderr  # skipping is no failure
     assert ". Skipped 2 damaged stretches of the spool" in closing_line(second.stderr)
     assert b"skipping a damaged or torn record" in second.stderr
     assert receiver.frames == expected
@@ -652,3 +679,201 @@ def test_a_torn_last_record_with_input_still_open_is_skipped_and_new_lines_go_ou
         stop_process(second)
         receiver.stop()
     assert receiver.messages() == [*kept, "new"]
+
+
+# -- 9. --spool-sync: when records are flushed to the disk
+
+# The installed zmqpush module run with os.fdatasync traced: after each real
+# fdatasync returns, "SYNC" is written on stdout, where --confirm's replies go.
+SYNC_TRACED = r"""
+import os, sys
+real = os.fdatasync
+def fdatasync(fd):
+    real(fd)
+    os.write(1, b"SYNC\n")
+os.fdatasync = fdatasync
+import zmqpush
+sys.exit(zmqpush.main(sys.argv[1:]))
+"""
+
+
+def start_sync_traced(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(python_script(SYNC_TRACED, "-q", *args), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env_with(None))
+
+
+def stdout_lines_until(proc: subprocess.Popen, seconds: float, until: str = "") -> list:
+    """stdout's lines for `seconds`, or until a line equal to `until` came."""
+    fd, got, deadline = proc.stdout.fileno(), b"", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if until and until.encode() in got.split(b"\n")[:-1]:
+            break
+        if select.select([fd], [], [], 0.05)[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            got += chunk
+    return got.decode().splitlines()
+
+
+def test_spool_sync_write_flushes_each_line_before_confirm_answers_it(tmp_path, receiver):
+    proc = start_sync_traced("--confirm", "--spool", str(tmp_path / "spool"),
+                             "--spool-sync", "write", "-c", receiver.endpoint)
+    try:
+        assert stdout_lines_until(proc, 10, "OK") == ["OK"]  # ready
+        for i in range(5):
+            proc.stdin.write(b"line %d\n" % i)
+            proc.stdin.flush()
+            said = stdout_lines_until(proc, 10, "OK")
+            assert said == ["SYNC", "OK"], (i, said)  # its record flushed, then answered
+        proc.stdin.close()
+        assert proc.wait(10) == 0, proc.stderr.read()
+    finally:
+        stop_process(proc)
+    assert receiver.wait_for(5) == 5
+
+
+@pytest.mark.parametrize("sync", ["0.2", "never"])
+def test_spool_sync_seconds_flushes_soon_after_a_write_and_never_does_not(
+        tmp_path, receiver, sync):
+    proc = start_sync_traced("--spool", str(tmp_path / "spool"), "--spool-sync", sync,
+                             "-c", receiver.endpoint)
+    try:
+        proc.stdin.write(b"one\n")
+        proc.stdin.flush()
+        assert receiver.wait_for(1) == 1
+        while_running = stdout_lines_until(proc, 1.5, "SYNC")  # the default, 1 s, is within
+        assert proc.poll() is None
+        rest, err = proc.communicate(b"", timeout=10)
+        assert proc.returncode == 0, err
+    finally:
+        stop_process(proc)
+    if sync == "never":
+        assert while_running == [] and rest == b""
+    else:
+        assert while_running == ["SYNC"]
+
+
+# -- 10. the spool's error paths
+
+@pytest.mark.parametrize("name", ["lock", "position"])
+def test_a_symlinked_lock_or_position_is_refused_and_not_followed(tmp_path, receiver, name):
+    spool, target = tmp_path / "spool", tmp_path / "target"
+    spool.mkdir(mode=0o700)
+    target.write_bytes(b"untouched\n")
+    (spool / name).symlink_to(target)
+    proc = run(["-q", "-c", receiver.endpoint, "--spool", str(spool)], b"x\n", timeout=20)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.decode().splitlines()
+    assert len(lines) == 1 and f"cannot use --spool {spool}" in lines[0], lines
+    assert target.read_bytes() == b"untouched\n"
+    assert receiver.settle(0.3) == 0
+
+
+def test_a_segment_that_cannot_be_read_ends_the_run_with_exit_1_and_stays(receiver):
+    """Root reads any file whatever its mode, so zmqpush runs as user nobody on
+    a spool nobody owns, whose segment root owns with mode 600 (EACCES)."""
+    nobody = pwd.getpwnam("nobody")
+    as_nobody = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
+                 "--clear-groups", ZMQPUSH]
+    base = Path(tempfile.mkdtemp(prefix="zmqpush-spool-"))  # not under root's 0700 tmp_path
+    try:
+        os.chmod(base, 0o755)
+        spool = base / "spool"
+        first = run(["-q", "-c", f"tcp://127.0.0.1:{free_port()}", "--spool", str(spool),
+                     "--linger", "0"], numbered(0, 1000))
+        assert first.returncode == 3, first.stderr
+        (segment,) = segments(spool)
+        for path in (spool, *spool.iterdir()):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        os.chown(segment, 0, 0)
+        os.chmod(segment, 0o600)
+        can_run = subprocess.run([*as_nobody, "--version"], capture_output=True, timeout=20)
+        assert can_run.returncode == 0, f"user nobody cannot run {ZMQPUSH}: {can_run.stderr}"
+        with open(os.devnull, "rb") as empty:
+            second = subprocess.run([*as_nobody, "-q", "-c", receiver.endpoint, "--spool",
+                                     str(spool)], stdin=empty, capture_output=True,
+                                    timeout=30, env=env_with(None))
+        assert second.returncode == 1, second.stderr
+        said = [line for line in second.stderr.decode().splitlines()
+                if "cannot read segment" in line]
+        assert len(said) == 1 and segment.stem in said[0], second.stderr
+        assert segments(spool) == [segment] and receiver.settle(0.3) == 0
+        os.chown(segment, nobody.pw_uid, nobody.pw_gid)  # readable again: the next run sends it
+        with open(os.devnull, "rb") as empty:
+            third = subprocess.run([*as_nobody, "-q", "-c", receiver.endpoint, "--spool",
+                                    str(spool)], stdin=empty, capture_output=True,
+                                   timeout=30, env=env_with(None))
+        assert third.returncode == 0, third.stderr
+        receiver.wait_for(1000)
+        assert receiver.messages() == [f"{i:08d}" for i in range(1000)]
+    finally:
+        shutil.rmtree(base)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 1 MiB tmpfs mounted for the test (the tests run as root), unmounted after."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
+                   check=True, timeout=10)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True, timeout=10)
+
+
+def test_a_full_disk_is_said_once_and_every_line_arrives_once_there_is_room(
+        tmp_path, small_filesystem):
+    """ENOSPC makes the spool full: said once, though writing is tried again
+    every second while the receiver is down; once it is up, the records sent
+    free the disk and the rest is written and sent."""
+    spool, port, lines = small_filesystem / "spool", free_port(), 40_000  # 2.4 MB on disk
+    errors = tmp_path / "err"
+    with open(errors, "wb") as err:
+        proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--spool", str(spool),
+                      "--spool-bytes", str(2 * MIB), "--replay-bytes", str(64 * KIB),
+                      "--linger", "30"], stderr=err)
+    producer = Producer(proc, numbered(0, lines))
+    receiver = None
+    try:
+        producer.start()
+        deadline = time.monotonic() + 10
+        while b"No space left on device" not in errors.read_bytes() and \
+                time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(2.5)  # two more tries at least, both failing
+        assert proc.poll() is None, errors.read_text()
+        receiver = FileReceiver(tmp_path / "got", port)
+        producer.join(60)
+        assert producer.closed.is_set()
+        assert proc.wait(60) == 0, errors.read_text()
+        receiver.finish()
+    finally:
+        stop_process(proc)
+        if receiver is not None:
+            receiver.stop()
+    said = [line for line in errors.read_text().splitlines() if "cannot write" in line]
+    assert len(said) == 1 and "No space left on device" in said[0], errors.read_text()
+    numbers = [int(d["message"]) for frames in receiver.frames() for d in strict_docs(frames)]
+    assert numbers == list(range(lines))
+
+
+def test_a_symlink_named_like_a_segment_is_not_followed(tmp_path, receiver):
+    """It is left be, as anything in DIR that is not a regular file named like
+    a segment: the file it points to (a good segment) is neither read nor changed."""
+    first = run(["-q", "-c", f"tcp://127.0.0.1:{free_port()}", "--spool",
+                 str(tmp_path / "elsewhere"), "--linger", "0"], b"a\nb\n")
+    assert first.returncode == 3, first.stderr
+    (target,) = segments(tmp_path / "elsewhere")
+    data = target.read_bytes()
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    (spool / target.name).symlink_to(target)
+    with open(os.devnull, "rb") as empty:
+        proc = run(["-q", "-c", receiver.endpoint, "--spool", str(spool)], stdin=empty)
+    assert proc.returncode == 0, proc.stderr
+    assert "previous run left" not in closing_line(proc.stderr)
+    assert receiver.settle(0.5) == 0
+    assert target.read_bytes() == data and (spool / target.name).is_symlink()

