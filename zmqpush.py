@@ -1576,6 +1576,7 @@ _HANGUP_EVENTS = select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR
 _READ_EDGES = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
 _HANGUP_EDGES = select.EPOLLRDHUP | select.EPOLLET  # EPOLLHUP and EPOLLERR are implied
 F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+MIN_WINDOW = 0.001  # a shorter window saves no wake-up: the loop's timers count in ms
 
 
 class StdinReader:
@@ -1607,10 +1608,12 @@ class StdinReader:
     Coalescing (window > 0): an edge that comes less than a window after the last
     read is read when the window ends, with all that came meanwhile; stdin's epoll
     watches only for a hang-up until then, so the lines between cost no wake-up.
-    An edge after a quiet spell is read at once, and so is everything while input
-    comes faster than half of stdin's buffer a window (the producer would block
-    within the window): a backlog, until the rate falls below a quarter of that.
-    stop() and a hang-up end a window early; what came within it is read first.
+    An edge after a quiet spell is read at once.  The window shrinks while input
+    comes faster than half of stdin's buffer a window, so that the producer never
+    blocks on a full buffer within one (the rate is measured once per window or
+    more); below a millisecond, or while stdin holds a quarter of its buffer
+    already (zmqpush is what is slow), every edge is read at once.  stop()
+    and a hang-up end a window early; what came within it is read first.
     """
 
     def __init__(self, fd: int, queue: ByteQueue, *, encoder: Encoder, framer: LineFramer,
@@ -1647,7 +1650,7 @@ class StdinReader:
         self._drop = drop_when_full and self._epoll is not None
         self._window = coalesce if self._epoll is not None else 0.0
         self._capacity = self._buffer_bytes()
-        self._backlog = False
+        self._pace = self._window  # the window at the rate measured last (see _within_window)
         self._rate_since, self._rate_bytes = self._read_at, 0  # bytes read since then
         self._window_timer: asyncio.TimerHandle | None = None
         self._flushing = False  # stopped within a window: read what came in it, then end
@@ -1843,23 +1846,33 @@ class StdinReader:
 
     def _within_window(self) -> bool:
         """True if this edge should wait for the window to end: the last read was
-        less than a window ago, no backlog is being read, and the run goes on.
-        Measures the input rate once per window or more."""
+        less than a window ago and the run goes on.  Once per window or more,
+        measures the input rate and sets the window to what half of stdin's
+        buffer holds at that rate (at most --coalesce; 0 below a millisecond)."""
         now = time.time()
         elapsed = now - self._rate_since
         if elapsed >= self._window:
-            per_window = self._rate_bytes * self._window / elapsed
-            self._backlog = per_window >= self._capacity / (4 if self._backlog else 2)
+            fills_half = self._capacity / 2 * elapsed / max(1, self._rate_bytes)
+            self._pace = min(self._window, fills_half) if fills_half >= MIN_WINDOW else 0.0
             self._rate_since, self._rate_bytes = now, 0
-        return now - self._read_at < self._window and not self._backlog \
-            and not self._stopping and not self._hung_up
+        return now - self._read_at < self._pace and not self._stopping \
+            and not self._hung_up and not self._backlogged()
+
+    def _backlogged(self) -> bool:
+        """True if stdin already holds a quarter of its buffer (FIONREAD): input
+        comes faster than zmqpush takes it, which a window would only slow."""
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, self._queued_bytes)
+        except OSError:
+            return False
+        return int.from_bytes(self._queued_bytes, sys.byteorder) >= self._capacity // 4
 
     async def _wait_out_window(self):
         """Sleep until a window after the last read, stdin watched for a hang-up
         only; stop() or a hang-up ends it early.  Then stdin is watched for reads
         again, and the edge that brings (data came meanwhile) is taken here: the
         read that follows takes that data."""
-        delay = min(self._window, self._window - (time.time() - self._read_at))
+        delay = min(self._pace, self._pace - (time.time() - self._read_at))
         self._epoll.modify(self._fd, _HANGUP_EDGES)
         self._waiter = self._loop.create_future()
         self._window_timer = self._loop.call_later(delay, self._wake)
