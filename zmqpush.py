@@ -570,7 +570,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     max_line_bytes = opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES
     queue_bytes, held_replay = fit_memory(
         opt, queue_bytes, 0 if opt["spool"] else replay_bytes,
-        zmq_bytes=max(PIPE_BYTES, zmq_bytes) if opt["batch"] else PIPE_BYTES,
+        zmq_bytes=zmq_queue_bytes(bool(opt["batch"]), bool(replay_bytes)),
         max_line_bytes=max_line_bytes,
         read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES)
     if not opt["spool"]:
@@ -2692,58 +2692,332 @@ class Connections:
                 self._on_failed_handshake(event, value, endpoint)
 
 
+def socket_parts(config: Config) -> list:
+    """The configs of the PUSH sockets to open: one for all endpoints when there
+    is one endpoint or only --bind ones; otherwise one per -c endpoint, plus
+    one for every --bind endpoint together (see Fanout)."""
+    if len(config.connect) + bool(config.bind) <= 1:
+        return [config]
+    return ([config._replace(connect=[endpoint], bind=[]) for endpoint in config.connect]
+            + ([config._replace(connect=[])] if config.bind else []))
+
+
+def zmq_queue_bytes(batch: bool, replay: bool) -> int:
+    """What ZeroMQ's queues may hold in all, in bytes, as --memory-bytes counts
+    it: PIPE_BYTES in default mode; with --batch the arrays SNDHWM allows."""
+    if not batch:
+        return PIPE_BYTES
+    return max(PIPE_BYTES, REPLAY_BATCH_ZMQ_BYTES if replay else BATCH_ZMQ_BYTES)
+
+
+def open_socket(config: Config, on_socket):
+    """A PUSH socket in a context of its own (so each may have its own ZAP
+    handler), configured, watched (on_socket as for open_stream) and using
+    config's endpoints: (socket, context, what on_socket returned).
+    OSError on a bad or unusable endpoint; nothing stays open then."""
+    import zmq
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
+    configure_socket(sock, config)
+    watcher = on_socket(sock)
+    try:
+        for endpoint in config.bind:
+            sock.bind(endpoint)
+        for endpoint in config.connect:
+            sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        watcher.close()
+        sock.close(linger=0)
+        context.term()
+        raise OSError(exc.errno, exc.strerror) from exc
+    return sock, context, watcher
+
+
 class PushSocket:
-    """The PUSH socket from opening to closing: its options (configure_socket),
-    its endpoints, the monitor of its connections (Connections), and closing
-    within what is left of --linger.  `stream` is the aiozmq stream the
-    Sender writes to."""
+    """The PUSH sockets from opening to closing: their options
+    (configure_socket), their endpoints, the monitor of their connections
+    (Connections), and closing within what is left of --linger.  One socket
+    (an aiozmq stream) for one endpoint, or for --bind alone; one per -c
+    endpoint otherwise, behind a Fanout (see socket_parts).  `stream` is what
+    the Sender writes to: the aiozmq stream or the Fanout."""
 
     def __init__(self, config: Config):
         self._config = config
         self.stream = None
-        self.connections: Connections | None = None
-        self.gatekeeper: Gatekeeper | None = None
-        self._context = None
+        self._watchers: list = []  # (Connections, Gatekeeper) per socket
+        self._sockets: list = []
+        self._contexts: list = []
 
     async def open(self, counters: Counters, on_event, on_lost):
-        """Open the socket, watch its connections (calling on_event(what,
-        endpoint) and on_lost(endpoint), see Connections) and use its endpoints.
-        OSError from ZeroMQ on a bad or unusable endpoint (nothing stays open)."""
-        def watch(sock):
-            self.gatekeeper = Gatekeeper(sock, self._config.security, counters,
-                                         self._config.connect, self._config.bind)
-            self.connections = Connections(sock, counters, on_event, on_lost,
-                                           self.gatekeeper.handshake_failed)
-            return Closing((self.connections, self.gatekeeper))
-        self.stream, self._context = await open_stream(self._config, on_socket=watch)
+        """Open the sockets, watch their connections (calling on_event(what,
+        endpoint) and on_lost(endpoint), see Connections) and use their
+        endpoints.  OSError from ZeroMQ on a bad or unusable endpoint (nothing
+        stays open)."""
+        def watch(part: Config):
+            def watcher(sock):
+                gatekeeper = Gatekeeper(sock, part.security, counters, part.connect, part.bind)
+                connections = Connections(sock, counters, on_event, on_lost,
+                                          gatekeeper.handshake_failed)
+                self._watchers.append((connections, gatekeeper))
+                return Closing((connections, gatekeeper))
+            return watcher
+        parts = socket_parts(self._config)
+        if len(parts) == 1:
+            self.stream, context = await open_stream(self._config, on_socket=watch(self._config))
+            self._sockets = [self.stream.transport.get_extra_info("zmq_socket")]
+            self._contexts = [context]
+            return
+        try:
+            for part in parts:
+                sock, context, _ = open_socket(part, watch(part))
+                self._sockets.append(sock)
+                self._contexts.append(context)
+        except OSError:
+            self.stop_watching()
+            for sock, context in zip(self._sockets, self._contexts):
+                sock.close(linger=0)
+                context.term()
+            raise
+        config = self._config
+        self.stream = Fanout(self._sockets, zmq_queue_bytes(config.batch,
+                                                            bool(config.replay_bytes)),
+                             (config.write_high, config.write_low))
 
     def unsent_bytes(self) -> int:
         """Bytes the kernel holds unacknowledged on the TCP connections now."""
-        return self.connections.unsent_bytes()
+        return sum(connections.unsent_bytes() for connections, _ in self._watchers)
 
     def stop_watching(self):
-        """Stop the connection monitor and the gatekeeper (before the socket closes)."""
-        self.connections.close()
-        self.gatekeeper.close()
+        """Stop the connection monitors and the gatekeepers (before the sockets close)."""
+        for connections, gatekeeper in self._watchers:
+            connections.close()
+            gatekeeper.close()
 
     async def close(self, linger: float, buffered: bool, handed_any: bool) -> bool:
-        """Close, letting ZeroMQ deliver for at most linger seconds (aiozmq's
-        buffer, if anything is still buffered, is dropped).  True if ZeroMQ
+        """Close, letting ZeroMQ deliver for at most linger seconds (what is
+        still buffered in the stream, if anything, is dropped).  True if ZeroMQ
         delivered all it held: its termination returned before the linger ran
         out, or it was never handed anything."""
         import zmq
-        sock = self.stream.transport.get_extra_info("zmq_socket")
-        sock.setsockopt(zmq.LINGER, int(linger * 1000))
+        for sock in self._sockets:
+            sock.setsockopt(zmq.LINGER, int(linger * 1000))
         if buffered:
             self.stream.transport.abort()
         else:
             self.stream.close()
         await asyncio.sleep(0)
-        if not sock.closed:
-            sock.close()
+        for sock in self._sockets:
+            if not sock.closed:
+                sock.close()
         began = time.monotonic()
-        await asyncio.get_running_loop().run_in_executor(None, self._context.term)
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, context.term)
+                               for context in self._contexts))
         return not handed_any or time.monotonic() - began + 0.01 < linger
+
+
+class Link:
+    """One PUSH socket of a Fanout, with one receiver (one -c endpoint), and
+    what ZeroMQ holds for it in bytes, bounded as ZeroMQHeld bounds one socket:
+    every `pipe_bytes` / 8 handed, one message goes zero-copy with a tracker
+    (a checkpoint); once it is done, nothing handed to this socket before it
+    is still queued.  The socket takes nothing more while what was handed
+    since its oldest checkpoint not done would pass 7/8 of pipe_bytes: ZeroMQ
+    holds at most about pipe_bytes for it, whatever the size of the lines."""
+
+    def __init__(self, sock, pipe_bytes: int):
+        import zmq
+        self._zmq = zmq
+        self._sock = sock
+        self._send = zmq.backend.Socket.send.__get__(sock)
+        self.fd = sock.getsockopt(zmq.FD)
+        self._every = max(1, pipe_bytes // 8)
+        self._bound = pipe_bytes - self._every
+        self._checkpoints: collections.deque = collections.deque()  # (handed before, tracker)
+        self._handed = 0  # bytes handed to this socket in all
+        self._since = 0  # of which since the newest checkpoint
+        self._watched = None  # the tracker a thread waits on
+        self._wake = None  # what that thread calls (on the loop) when it is done
+
+    def over(self, nbytes: int) -> bool:
+        """Whether handing nbytes more would pass the bound."""
+        checkpoints = self._checkpoints
+        while checkpoints and checkpoints[0][1].done:
+            checkpoints.popleft()
+        return bool(checkpoints) and (self._handed + nbytes - checkpoints[0][0] > self._bound)
+
+    def take(self, message: bytes) -> bool:
+        """Hand message to this socket if it is within the bound and ZeroMQ
+        takes it now; False otherwise."""
+        nbytes = len(message)
+        if self._checkpoints and self.over(nbytes):
+            return False
+        zmq = self._zmq
+        try:
+            if self._since + nbytes >= self._every:
+                frame = zmq.Frame(message, copy=False, track=True)
+                self._send(frame, zmq.DONTWAIT, copy=False)
+                self._checkpoints.append((self._handed, frame.tracker))
+                self._since = 0
+            else:
+                self._send(message, zmq.DONTWAIT)
+                self._since += nbytes
+        except zmq.Again:
+            return False
+        self._handed += nbytes
+        return True
+
+    def may_take(self, wake) -> bool:
+        """Whether the socket may take a message now; if not because of the
+        bound, wake() is called (on the loop) once its oldest checkpoint is done."""
+        if self.over(0):
+            self._wake = wake
+            tracker = self._checkpoints[0][1]
+            if tracker is not self._watched:
+                self._watched = tracker
+                threading.Thread(target=self._wait_and_wake,
+                                 args=(tracker, asyncio.get_running_loop()),
+                                 name="zmqpush-checkpoint", daemon=True).start()
+            return False
+        return bool(self._sock.getsockopt(self._zmq.EVENTS) & self._zmq.POLLOUT)
+
+    def _wait_and_wake(self, tracker, loop):
+        tracker.wait()
+        try:
+            loop.call_soon_threadsafe(self._done_waiting)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def _done_waiting(self):
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            wake()
+
+
+class Fanout:
+    """Several PUSH sockets, one per receiver, as one stream with aiozmq's
+    interface as the Sender uses it (write, drain, buffer size and limits,
+    close, abort; `transport` is itself).
+
+    One PUSH socket does not tell which receiver took a message, so one
+    socket with several receivers cannot bound in bytes what it queues for
+    each.  Here each socket (Link) has one receiver and its own bound;
+    send() does what libzmq does inside one socket: round-robin over the
+    sockets that can take a message now, skipping one whose receiver is
+    stopped, slow or gone once its queue is full (SNDHWM messages or its
+    share of the bytes): its share goes to the others.  The bytes are
+    shared evenly: with n sockets each may hold pipe_bytes / n.
+
+    What send() cannot hand over now, write() buffers; the buffer is sent in
+    order as sockets become able to take it (their descriptors, or a thread
+    waiting on a checkpoint, wake the loop)."""
+
+    def __init__(self, sockets: list, pipe_bytes: int, limits: tuple):
+        import zmq
+        self._again = zmq.Again
+        self.transport = self
+        self._links = [Link(sock, pipe_bytes // len(sockets)) for sock in sockets]
+        self._next = 0
+        self._high, self._low = limits
+        self._buffer: collections.deque = collections.deque()
+        self._size = 0
+        self._pump: asyncio.Task | None = None
+        self._drained: list = []  # futures of drain() calls
+
+    def send(self, message: bytes, flags: int = 0):
+        """Hand message to the next socket, in round-robin order, that takes it
+        now; zmq.Again if none does.  (flags: for the Sender's call; always
+        DONTWAIT.)"""
+        links, count = self._links, len(self._links)
+        for _ in range(count):
+            link = links[self._next]
+            self._next = (self._next + 1) % count
+            if link.take(message):
+                return
+        raise self._again()
+
+    def get_write_buffer_limits(self) -> tuple:
+        return self._low, self._high
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None):
+        self._high = self._high if high is None else high
+        self._low = self._low if low is None else low
+
+    def get_write_buffer_size(self) -> int:
+        return self._size
+
+    def write(self, frames: list):
+        """Send the one-frame messages in frames now, or buffer them in order."""
+        for frame in frames:
+            if not self._buffer:
+                try:
+                    self.send(frame)
+                    continue
+                except self._again:
+                    pass
+            self._buffer.append(frame)
+            self._size += len(frame)
+        if self._buffer and self._pump is None:
+            self._pump = asyncio.get_running_loop().create_task(self._send_buffer())
+
+    async def drain(self):
+        """Wait until the buffer holds at most the low limit."""
+        if self._size > self._low:
+            future = asyncio.get_running_loop().create_future()
+            self._drained.append(future)
+            await future
+
+    async def _send_buffer(self):
+        try:
+            while self._buffer:
+                try:
+                    self.send(self._buffer[0])
+                except self._again:
+                    await self._writable()
+                    continue
+                self._size -= len(self._buffer.popleft())
+                if self._size <= self._low:
+                    self._wake_drains(None)
+        except Exception as exc:  # whoever drains fails with it
+            self._wake_drains(exc)
+            raise
+        finally:
+            self._pump = None
+
+    def _wake_drains(self, exc: BaseException | None):
+        drained, self._drained = self._drained, []
+        for future in drained:
+            if not future.done():
+                future.set_result(None) if exc is None else future.set_exception(exc)
+
+    async def _writable(self):
+        """Wait until some socket may take a message (ZeroMQ's descriptors
+        signal edges only: they are watched before the sockets are asked)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def wake():
+            if not future.done():
+                future.set_result(None)
+        for link in self._links:
+            loop.add_reader(link.fd, wake)
+        try:
+            if not any([link.may_take(wake) for link in self._links]):
+                await future
+        finally:
+            for link in self._links:
+                loop.remove_reader(link.fd)
+
+    def abort(self):
+        """Drop what is buffered."""
+        if self._pump is not None:
+            self._pump.cancel()
+        self._buffer.clear()
+        self._size = 0
+        self._wake_drains(None)
+
+    def close(self):
+        """Nothing is buffered: nothing to do (the sockets close with PushSocket)."""
 
 
 class ReplayWindow:
@@ -3001,13 +3275,16 @@ class Sender:
         self._frame = zmq.Frame
         self._stream = stream
         self._transport = stream.transport
-        self._sock = stream.transport.get_extra_info("zmq_socket")
-        self._send_frame = zmq.backend.Socket.send.__get__(self._sock)  # bytes only
+        self._sock = None if isinstance(stream, Fanout) else \
+            stream.transport.get_extra_info("zmq_socket")
+        fanout = isinstance(stream, Fanout)  # it bounds each socket's queue itself
+        self._send_frame = stream.send if fanout else \
+            zmq.backend.Socket.send.__get__(self._sock)  # bytes only
         self._low, self._high = self._transport.get_write_buffer_limits()
         self._queue = queue
         self._counters = counters
         self.window = window
-        self._held = None if config.batch else ZeroMQHeld(
+        self._held = None if config.batch or fanout else ZeroMQHeld(
             self._frame, self._send_frame, self._dontwait,
             lambda: len(config.connect) + (counters.connected if config.bind else 0))
         self._current: Parcel | None = None
