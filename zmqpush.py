@@ -2655,6 +2655,10 @@ class Connections:
             value = int.from_bytes(head[2:6], sys.byteorder, signed=True)
             self._on_monitor_event(event, value, endpoint.decode(errors="replace"))
 
+    def peers(self) -> int:
+        """How many receivers are connected now (handshake done)."""
+        return sum(self._up.values())
+
     def unsent_bytes(self) -> int:
         """Bytes the kernel holds unacknowledged on the TCP connections now."""
         total = 0
@@ -2779,8 +2783,10 @@ class PushSocket:
                 context.term()
             raise
         config = self._config
-        self.stream = Fanout(self._sockets, zmq_queue_bytes(config.batch,
-                                                            bool(config.replay_bytes)),
+        receivers = [connections.peers if part.bind else (lambda: 1)
+                     for part, (connections, _) in zip(parts, self._watchers)]
+        self.stream = Fanout(list(zip(self._sockets, receivers)),
+                             zmq_queue_bytes(config.batch, bool(config.replay_bytes)),
                              (config.write_high, config.write_low))
 
     def unsent_bytes(self) -> int:
@@ -2817,15 +2823,17 @@ class PushSocket:
 
 
 class Link:
-    """One PUSH socket of a Fanout, with one receiver (one -c endpoint), and
-    what ZeroMQ holds for it in bytes, bounded as ZeroMQHeld bounds one socket:
-    every `pipe_bytes` / 8 handed, one message goes zero-copy with a tracker
-    (a checkpoint); once it is done, nothing handed to this socket before it
-    is still queued.  The socket takes nothing more while what was handed
-    since its oldest checkpoint not done would pass 7/8 of pipe_bytes: ZeroMQ
-    holds at most about pipe_bytes for it, whatever the size of the lines."""
+    """One PUSH socket of a Fanout and what ZeroMQ holds for it in bytes,
+    bounded as ZeroMQHeld bounds one socket: every `pipe_bytes` / 8 handed,
+    the next messages, one for each of its receivers (receivers(): one for a
+    -c endpoint, the peers connected to its --bind endpoints), go zero-copy
+    with a tracker (a checkpoint); once it is done, nothing handed to this
+    socket before it is still queued.  The socket takes nothing more while
+    what was handed since its oldest checkpoint not done would pass 7/8 of
+    pipe_bytes: ZeroMQ holds at most about pipe_bytes for it, whatever the
+    size of the lines."""
 
-    def __init__(self, sock, pipe_bytes: int):
+    def __init__(self, sock, pipe_bytes: int, receivers):
         import zmq
         self._zmq = zmq
         self._sock = sock
@@ -2833,16 +2841,19 @@ class Link:
         self.fd = sock.getsockopt(zmq.FD)
         self._every = max(1, pipe_bytes // 8)
         self._bound = pipe_bytes - self._every
-        self._checkpoints: collections.deque = collections.deque()  # (handed before, tracker)
+        self._receivers = receivers
+        self._checkpoints: collections.deque = collections.deque()  # (handed before, trackers)
         self._handed = 0  # bytes handed to this socket in all
         self._since = 0  # of which since the newest checkpoint
+        self._owed = 0  # messages the newest checkpoint has yet to track
         self._watched = None  # the tracker a thread waits on
         self._wake = None  # what that thread calls (on the loop) when it is done
 
     def over(self, nbytes: int) -> bool:
         """Whether handing nbytes more would pass the bound."""
         checkpoints = self._checkpoints
-        while checkpoints and checkpoints[0][1].done:
+        while checkpoints and (len(checkpoints) > 1 or not self._owed) and \
+                all(tracker.done for tracker in checkpoints[0][1]):
             checkpoints.popleft()
         return bool(checkpoints) and (self._handed + nbytes - checkpoints[0][0] > self._bound)
 
@@ -2854,11 +2865,15 @@ class Link:
             return False
         zmq = self._zmq
         try:
-            if self._since + nbytes >= self._every:
+            if self._owed or self._since + nbytes >= self._every:
                 frame = zmq.Frame(message, copy=False, track=True)
                 self._send(frame, zmq.DONTWAIT, copy=False)
-                self._checkpoints.append((self._handed, frame.tracker))
-                self._since = 0
+                if not self._owed:
+                    self._checkpoints.append((self._handed, []))
+                    self._owed = max(1, self._receivers())
+                    self._since = 0
+                self._checkpoints[-1][1].append(frame.tracker)
+                self._owed -= 1
             else:
                 self._send(message, zmq.DONTWAIT)
                 self._since += nbytes
@@ -2870,9 +2885,10 @@ class Link:
     def may_take(self, wake) -> bool:
         """Whether the socket may take a message now; if not because of the
         bound, wake() is called (on the loop) once its oldest checkpoint is done."""
-        if self.over(0):
+        tracker = next((t for t in self._checkpoints[0][1] if not t.done), None) \
+            if self.over(0) else None
+        if tracker is not None:
             self._wake = wake
-            tracker = self._checkpoints[0][1]
             if tracker is not self._watched:
                 self._watched = tracker
                 threading.Thread(target=self._wait_and_wake,
@@ -2913,10 +2929,12 @@ class Fanout:
     waiting on a checkpoint, wake the loop)."""
 
     def __init__(self, sockets: list, pipe_bytes: int, limits: tuple):
+        """sockets: (socket, receivers()) pairs (see Link)."""
         import zmq
         self._again = zmq.Again
         self.transport = self
-        self._links = [Link(sock, pipe_bytes // len(sockets)) for sock in sockets]
+        self._links = [Link(sock, pipe_bytes // len(sockets), receivers)
+                       for sock, receivers in sockets]
         self._next = 0
         self._high, self._low = limits
         self._buffer: collections.deque = collections.deque()
@@ -3169,14 +3187,17 @@ class ZeroMQHeld:
     """What ZeroMQ's queue holds, in bytes: SNDHWM counts messages, and a
     sender ahead of a slow receiver must not let ZeroMQ hold SNDHWM large ones.
 
-    Every CHECKPOINT_BYTES handed, the first messages of a Parcel, one for each
-    receiver ZeroMQ may queue for, go zero-copy with a tracker: a checkpoint.
-    ZeroMQ frees a message once it is in the kernel (or its receiver is gone),
-    and each receiver's queue is first in, first out, so once a checkpoint is
-    done, nothing handed before it is still queued.  Parcels wait (room()) while
-    what was handed since the oldest checkpoint not done passes
-    PIPE_BYTES - CHECKPOINT_BYTES: ZeroMQ holds at most about PIPE_BYTES plus
-    one Parcel.  (Lowering SNDHWM instead stalls libzmq 4.3 for good: see
+    Every CHECKPOINT_BYTES handed, the next messages, one for each receiver
+    ZeroMQ may queue for (from as many Parcels as that takes), go zero-copy
+    with a tracker: a checkpoint.  ZeroMQ gives consecutive messages to its
+    receivers in turn, frees a message once it is in the kernel (or its
+    receiver is gone), and each receiver's queue is first in, first out, so
+    once a checkpoint is done, nothing handed before it is still queued.
+    Parcels wait (room()) while what was handed since the oldest checkpoint
+    not done passes PIPE_BYTES - CHECKPOINT_BYTES: ZeroMQ holds at most about
+    PIPE_BYTES plus one Parcel.  (So a receiver that stops taking lines holds
+    up every receiver of the socket once the bound is reached: see Fanout for
+    one socket per -c.)  (Lowering SNDHWM instead stalls libzmq 4.3 for good: see
     Sender.)  Owns the checkpoints: (bytes handed before, trackers), oldest
     first."""
 
@@ -3186,6 +3207,7 @@ class ZeroMQHeld:
         self._checkpoints: collections.deque = collections.deque()
         self._handed = 0  # bytes (Parcel.nbytes) handed in all
         self._since = 0  # of which since the newest checkpoint
+        self._owed = 0  # messages the newest checkpoint has yet to track
 
     def due(self, nbytes: int) -> bool:
         """Whether a Parcel of nbytes needs over() and checkpoint(): a
@@ -3195,7 +3217,8 @@ class ZeroMQHeld:
     def over(self, nbytes: int) -> bool:
         """Whether handing nbytes more would pass the bound."""
         checkpoints = self._checkpoints
-        while checkpoints and all(tracker.done for tracker in checkpoints[0][1]):
+        while checkpoints and (len(checkpoints) > 1 or not self._owed) and \
+                all(tracker.done for tracker in checkpoints[0][1]):
             checkpoints.popleft()
         return bool(checkpoints) and (self._handed + nbytes - checkpoints[0][0]
                                       > PIPE_BYTES - CHECKPOINT_BYTES)
@@ -3207,7 +3230,9 @@ class ZeroMQHeld:
         has no descriptor) and wakes the loop."""
         loop = asyncio.get_running_loop()
         while self.over((PIPE_BYTES - CHECKPOINT_BYTES) // 2):
-            tracker = next(t for t in self._checkpoints[0][1] if not t.done)
+            tracker = next((t for t in self._checkpoints[0][1] if not t.done), None)
+            if tracker is None:  # the newest checkpoint, still being made
+                return
             done = loop.create_future()
             threading.Thread(target=self._wait_and_wake, args=(tracker, loop, done),
                              name="zmqpush-checkpoint", daemon=True).start()
@@ -3222,19 +3247,24 @@ class ZeroMQHeld:
             pass
 
     def checkpoint(self, parcel: Parcel) -> int:
-        """How many of parcel's first messages make a checkpoint (0: none is due)."""
-        if self._since + parcel.nbytes < CHECKPOINT_BYTES:
-            return 0
-        self._since = -parcel.nbytes
-        self._checkpoints.append((self._handed, []))
-        return min(len(parcel.messages), max(1, self._receivers()))
+        """How many of parcel's first messages go tracked, for the newest
+        checkpoint or a new one that is due (0: none)."""
+        if not self._owed:
+            if self._since + parcel.nbytes < CHECKPOINT_BYTES:
+                return 0
+            self._since = -parcel.nbytes
+            self._checkpoints.append((self._handed, []))
+            self._owed = max(1, self._receivers())
+        return min(len(parcel.messages), self._owed)
 
     def send_tracked(self, message: bytes):
         """Hand message over zero-copy, tracked in the newest checkpoint
-        (raises zmq.Again: then that checkpoint has one receiver fewer)."""
+        (raises zmq.Again: then the message goes untracked, and the next
+        one is tracked in its place)."""
         frame = self._frame(message, copy=False, track=True)
         self._send_frame(frame, self._flags, copy=False)
         self._checkpoints[-1][1].append(frame.tracker)
+        self._owed -= 1
 
     def handed(self, nbytes: int):
         """A Parcel of nbytes was handed over."""

@@ -19,7 +19,7 @@ NUMBER_RECEIVER = r"""
 import json, os, sys, zmq
 sock = zmq.Context().socket(zmq.PULL)
 sock.setsockopt(zmq.LINGER, 1)
-sock.bind(sys.argv[1])
+sock.connect(sys.argv[1]) if sys.argv[3:] == ["connect"] else sock.bind(sys.argv[1])
 out = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 while True:
     doc = json.loads(sock.recv())
@@ -60,15 +60,19 @@ class Run:
     them are SIGSTOPped after every receiver took lines, then lines go on being
     written one a write, PAUSE apart, while the peak RSS is sampled."""
 
-    def __init__(self, tmp_path, receivers: int, stopped: int, size: int, args=()):
+    def __init__(self, tmp_path, receivers: int, stopped: int, size: int, bind: bool = False):
         self.endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(receivers)]
+        if bind:  # every receiver connects to zmqpush's one endpoint
+            self.endpoints = self.endpoints[:1] * receivers
         self.outs = [tmp_path / f"got{i}.txt" for i in range(receivers)]
-        self.procs = [subprocess.Popen([sys.executable, "-c", NUMBER_RECEIVER, e, str(o)])
+        self.procs = [subprocess.Popen([sys.executable, "-c", NUMBER_RECEIVER, e, str(o),
+                                        *(["connect"] if bind else [])])
                       for e, o in zip(self.endpoints, self.outs)]
         self.stopped = self.procs[:stopped]
         self.running_outs = self.outs[stopped:]
         self.size = size
-        self.args = [arg for e in self.endpoints for arg in ("-c", e)] + list(args)
+        self.args = (["--bind", self.endpoints[0]] if bind else
+                     [arg for e in self.endpoints for arg in ("-c", e)])
         self.written = 0
         self.at_stop: list = []
         self.peak_kib = 0
@@ -179,3 +183,22 @@ def test_running_receivers_keep_getting_lines_while_others_are_stopped(
         code = run.finish()
     assert code == 0
     assert run.got() == set(range(LINES))
+
+
+@pytest.mark.parametrize(("receivers", "size"), [(2, 60_000), (2, 65_000), (3, 60_000)])
+def test_bind_with_a_stopped_peer_keeps_zeromqs_queue_within_the_memory_bound(
+        run_factory, receivers, size):
+    """--bind, several receivers connected to it, one stopped mid-stream: one
+    socket serves them all, so its bound is one for all of them (README "Flow
+    control and memory"): peak RSS stays under the default --memory-bytes
+    (64 MiB) whichever peer the tracked messages go to, and every line
+    arrives once the peer goes on."""
+    run = run_factory(receivers, 1, size, bind=True)
+    try:
+        run.go(seconds=8)
+    finally:
+        code = run.finish()
+    print(f"\n{run.written} lines of {size} B, peak RSS {run.peak_kib / 1024:.1f} MiB")
+    assert code == 0
+    assert run.got() == set(range(run.written))
+    assert run.peak_kib < 64 * 1024, run.peak_kib
