@@ -4,6 +4,7 @@ the stream, ZeroMQ's queue stays bounded in bytes for each receiver whatever the
 line size, and the receivers still running keep getting lines."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -11,7 +12,8 @@ import time
 
 import pytest
 
-from conftest import cli, env_with, free_port, vm_peak_rss_kib
+from conftest import Receiver, cli, env_with, free_port, vm_peak_rss_kib
+from conftest import run as run_cli
 
 # A receiver like the stock input's socket (LINGER 1, RCVHWM 1000) that appends
 # each event's line number to a file.
@@ -26,8 +28,13 @@ while True:
     os.write(out, doc["message"][:8].encode() + b"\n")
 """
 LINES = 1500
-BEFORE_STOP = 200  # lines written (and taken by every receiver) before the stop
+BEFORE_STOP = 200  # lines written before the stop, at least
+TAKEN = 20  # lines every receiver took before the stop, at least
 PAUSE = 0.002  # between writes of one line each
+
+
+def numbered(count: int) -> bytes:
+    return b"".join(b"%d\n" % n for n in range(count))
 
 
 def numbers(path) -> list:
@@ -75,6 +82,7 @@ class Run:
                      [arg for e in self.endpoints for arg in ("-c", e)])
         self.written = 0
         self.at_stop: list = []
+        self.written_at_stop = 0
         self.peak_kib = 0
         self.shipper = None
 
@@ -96,9 +104,12 @@ class Run:
         self.shipper = subprocess.Popen(cli("-q", "--linger", "30", *self.args),
                                         stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                                         env=env_with(None))
-        self.write_until(BEFORE_STOP, time.monotonic() + 20)
-        for out in self.outs:
-            assert wait_for_lines(out, BEFORE_STOP // len(self.outs) // 2), out
+        deadline = time.monotonic() + 20
+        self.write_until(BEFORE_STOP, deadline)
+        while not all(wait_for_lines(out, TAKEN, 0.5) for out in self.outs):
+            assert time.monotonic() < deadline, "a receiver got no line"
+            self.write_until(self.written + TAKEN, deadline)  # one had not connected yet
+        self.written_at_stop = self.written
         for proc in self.stopped:
             os.kill(proc.pid, signal.SIGSTOP)
         self.at_stop = [len(numbers(out)) for out in self.outs]
@@ -173,7 +184,7 @@ def test_running_receivers_keep_getting_lines_while_others_are_stopped(
     run = run_factory(receivers, stopped, size)
     try:
         run.go()
-        share = (LINES - BEFORE_STOP) * (receivers - stopped) // receivers
+        share = (LINES - run.written_at_stop) * (receivers - stopped) // receivers
         before = sum(run.at_stop[stopped:])
         print(f"\n{run.written} lines of {size} B written, the running receivers got "
               f"{run.running_got - before} after the stop (share {share})")
@@ -202,3 +213,98 @@ def test_bind_with_a_stopped_peer_keeps_zeromqs_queue_within_the_memory_bound(
     assert code == 0
     assert run.got() == set(range(run.written))
     assert run.peak_kib < 64 * 1024, run.peak_kib
+
+
+@pytest.fixture
+def two():
+    receivers = [Receiver(free_port()), Receiver(free_port())]
+    yield receivers
+    for receiver in receivers:
+        receiver.stop()
+
+
+def got_numbers(receivers) -> list:
+    for receiver in receivers:
+        receiver.settle()
+    return sorted(int(m) for receiver in receivers for m in receiver.messages())
+
+
+def test_confirm_with_two_receivers_replies_ok_to_every_line_and_both_share(two):
+    """--confirm through one socket per receiver: "OK" first, then one "OK" per
+    line, each line delivered once, to either receiver; each receiver's
+    connection is said."""
+    proc = run_cli(["--confirm", "-c", two[0].endpoint, "-c", two[1].endpoint], numbered(3000))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"OK\n" * 3001
+    assert got_numbers(two) == list(range(3000))
+    assert all(r.frames for r in two)
+    for receiver in two:
+        assert f"receiver connected {receiver.endpoint}".encode() in proc.stderr
+
+
+def test_connect_and_bind_together_share_the_stream(two):
+    """-c A --bind B: a socket for each; a receiver connected to B and A both
+    get lines, each line once."""
+    bound = f"tcp://127.0.0.1:{free_port()}"
+    peer = Receiver(free_port(), connect=bound)
+    try:
+        proc = run_cli(["-c", two[0].endpoint, "--bind", bound], numbered(20_000))
+        assert proc.returncode == 0, proc.stderr
+        assert got_numbers([two[0], peer]) == list(range(20_000))
+        assert two[0].frames and peer.frames
+    finally:
+        peer.stop()
+
+
+def test_an_unusable_endpoint_among_several_is_an_error_naming_them(two):
+    """A --bind endpoint in use beside -c endpoints: exit 1, said once, nothing
+    left open."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        bound = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        proc = run_cli(["-c", two[0].endpoint, "-c", two[1].endpoint, "--bind", bound], b"x\n",
+                   timeout=20)
+    assert proc.returncode == 1
+    assert proc.stderr.decode().startswith(f"zmqpush: cannot use endpoint {two[0].endpoint} "
+                                           f"{two[1].endpoint} {bound}: Address already in use")
+
+
+def test_curve_with_two_receivers_secures_each_socket(two, tmp_path):
+    """--curve-server-cert applies to the socket of each -c endpoint."""
+    import zmq.auth
+    made = run_cli(["--make-cert", str(tmp_path / "server")])
+    assert made.returncode == 0, made.stderr
+    public, secret = zmq.auth.load_certificate(tmp_path / "server.key_secret")
+
+    def setup(sock):
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+    receivers = [Receiver(free_port(), setup=setup) for _ in range(2)]
+    try:
+        proc = run_cli(["-c", receivers[0].endpoint, "-c", receivers[1].endpoint,
+                    "--curve-server-cert", str(tmp_path / "server.key")], numbered(2000))
+        assert proc.returncode == 0, proc.stderr
+        assert got_numbers(receivers) == list(range(2000))
+        assert all(r.frames for r in receivers)
+    finally:
+        for receiver in receivers:
+            receiver.stop()
+
+
+def test_linger_runs_out_on_a_stopped_receivers_queue_exit_3(run_factory):
+    """Two receivers, one stopped mid-stream with lines queued for it: at the
+    end of input zmqpush lingers --linger seconds, says ZeroMQ still held
+    messages and exits 3, whatever the other receiver took."""
+    run = run_factory(2, 1, 60_000)
+    run.args += ["--linger", "1"]
+    try:
+        run.go(seconds=5)
+        run.shipper.stdin.close()
+        code = run.shipper.wait(30)
+    finally:
+        for proc in run.stopped:
+            os.kill(proc.pid, signal.SIGCONT)
+    err = run.shipper.stderr.read().decode()
+    assert code == 3, err
+    assert "ZeroMQ still held undelivered messages" in err
