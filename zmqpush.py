@@ -2941,6 +2941,7 @@ class Fanout:
         self._size = 0
         self._pump: asyncio.Task | None = None
         self._drained: list = []  # futures of drain() calls
+        self._failure: BaseException | None = None  # what ended sending the buffer
 
     def send(self, message: bytes, flags: int = 0):
         """Hand message to the next socket, in round-robin order, that takes it
@@ -2979,7 +2980,10 @@ class Fanout:
             self._pump = asyncio.get_running_loop().create_task(self._send_buffer())
 
     async def drain(self):
-        """Wait until the buffer holds at most the low limit."""
+        """Wait until the buffer holds at most the low limit (raises what
+        ended sending it, if anything did)."""
+        if self._failure is not None:
+            raise self._failure
         if self._size > self._low:
             future = asyncio.get_running_loop().create_future()
             self._drained.append(future)
@@ -2997,16 +3001,20 @@ class Fanout:
                 if self._size <= self._low:
                     self._wake_drains(None)
         except Exception as exc:  # whoever drains fails with it
+            self._failure = exc
             self._wake_drains(exc)
-            raise
         finally:
             self._pump = None
 
     def _wake_drains(self, exc: BaseException | None):
         drained, self._drained = self._drained, []
         for future in drained:
-            if not future.done():
-                future.set_result(None) if exc is None else future.set_exception(exc)
+            if future.done():
+                continue
+            if exc is None:
+                future.set_result(None)
+            else:
+                future.set_exception(exc)
 
     async def _writable(self):
         """Wait until some socket may take a message (ZeroMQ's descriptors
