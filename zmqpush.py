@@ -2838,6 +2838,7 @@ class Link:
         self._zmq = zmq
         self._sock = sock
         self._send = zmq.backend.Socket.send.__get__(sock)
+        self._dontwait, self._again = zmq.DONTWAIT, zmq.Again
         self.fd = sock.getsockopt(zmq.FD)
         self._every = max(1, pipe_bytes // 8)
         self._bound = pipe_bytes - self._every
@@ -2850,8 +2851,11 @@ class Link:
         self._wake = None  # what that thread calls (on the loop) when it is done
 
     def over(self, nbytes: int) -> bool:
-        """Whether handing nbytes more would pass the bound."""
+        """Whether handing nbytes more would pass the bound.  (The trackers
+        are asked only when the oldest checkpoint kept, done or not, says so.)"""
         checkpoints = self._checkpoints
+        if not checkpoints or self._handed + nbytes - checkpoints[0][0] <= self._bound:
+            return False
         while checkpoints and (len(checkpoints) > 1 or not self._owed) and \
                 all(tracker.done for tracker in checkpoints[0][1]):
             checkpoints.popleft()
@@ -2861,24 +2865,62 @@ class Link:
         """Hand message to this socket if it is within the bound and ZeroMQ
         takes it now; False otherwise."""
         nbytes = len(message)
-        if self._checkpoints and self.over(nbytes):
+        since = self._since + nbytes
+        if self._owed or since >= self._every:
+            return self._take_tracked(message, nbytes)
+        if self.over(nbytes):
             return False
-        zmq = self._zmq
         try:
-            if self._owed or self._since + nbytes >= self._every:
-                frame = zmq.Frame(message, copy=False, track=True)
-                self._send(frame, zmq.DONTWAIT, copy=False)
-                if not self._owed:
-                    self._checkpoints.append((self._handed, []))
-                    self._owed = max(1, self._receivers())
-                    self._since = 0
-                self._checkpoints[-1][1].append(frame.tracker)
-                self._owed -= 1
-            else:
-                self._send(message, zmq.DONTWAIT)
-                self._since += nbytes
-        except zmq.Again:
+            self._send(message, self._dontwait)
+        except self._again:
             return False
+        self._since = since
+        self._handed += nbytes
+        return True
+
+    def take_run(self, messages: list, first: int) -> int:
+        """Hand messages from messages[first] on to this socket while it is
+        within the bound and ZeroMQ takes them, up to and including the next
+        message of a checkpoint; returns the next index."""
+        if self.over(0):
+            return first
+        send, flags, sent = self._send, self._dontwait, first
+        room = self._every - self._since  # bytes before a checkpoint is due
+        refused = False
+        if not self._owed:
+            try:
+                for message in messages[first:] if first else messages:
+                    if len(message) >= room:
+                        break
+                    send(message, flags)
+                    room -= len(message)
+                    sent += 1
+            except self._again:
+                refused = True
+            taken = self._every - self._since - room
+            self._since += taken
+            self._handed += taken
+        if not refused and sent < len(messages) and self.take(messages[sent]):
+            sent += 1
+        return sent
+
+    def _take_tracked(self, message: bytes, nbytes: int) -> bool:
+        """take() for a message of a checkpoint, which goes with a tracker."""
+        if self.over(nbytes):
+            return False
+        frame = self._zmq.Frame(message, copy=False, track=True)
+        try:
+            self._send(frame, self._dontwait, copy=False)
+        except self._again:
+            return False
+        if not self._owed:
+            self._checkpoints.append((self._handed, []))
+            self._owed = max(1, self._receivers())
+            self._since = 0
+        else:
+            self._since += nbytes
+        self._checkpoints[-1][1].append(frame.tracker)
+        self._owed -= 1
         self._handed += nbytes
         return True
 
@@ -2921,7 +2963,10 @@ class Fanout:
     send() does what libzmq does inside one socket: round-robin over the
     sockets that can take a message now, skipping one whose receiver is
     stopped, slow or gone once its queue is full (SNDHWM messages or its
-    share of the bytes): its share goes to the others.  The bytes are
+    share of the bytes): its share goes to the others.  The Sender's direct
+    sends (send_from) take turns by runs of messages (at most a checkpoint
+    apart, see Link.take_run), so their loop costs about what one socket's
+    does; a line a read still alternates line by line.  The bytes are
     shared evenly: with n sockets each may hold pipe_bytes / n.
 
     What send() cannot hand over now, write() buffers; the buffer is sent in
@@ -2950,10 +2995,25 @@ class Fanout:
         links, count = self._links, len(self._links)
         for _ in range(count):
             link = links[self._next]
-            self._next = (self._next + 1) % count
+            self._next = self._next + 1 if self._next + 1 < count else 0
             if link.take(message):
                 return
         raise self._again()
+
+    def send_from(self, messages: list, first: int) -> int:
+        """Hand messages from messages[first] on over in order, a run at a
+        time (see Link.take_run) to each socket in turn that takes one, until
+        none does; returns the next index.  (Runs rather than single messages:
+        the loop over a run costs about what one socket's does.)"""
+        links, count = self._links, len(self._links)
+        sent, refusals = first, 0
+        while sent < len(messages) and refusals < count:
+            link = links[self._next]
+            self._next = self._next + 1 if self._next + 1 < count else 0
+            taken = link.take_run(messages, sent)
+            refusals = 0 if taken > sent else refusals + 1
+            sent = taken
+        return sent
 
     def get_write_buffer_limits(self) -> tuple:
         return self._low, self._high
@@ -3316,6 +3376,7 @@ class Sender:
         self._sock = None if isinstance(stream, Fanout) else \
             stream.transport.get_extra_info("zmq_socket")
         fanout = isinstance(stream, Fanout)  # it bounds each socket's queue itself
+        self._fanout = stream if fanout else None
         self._send_frame = stream.send if fanout else \
             zmq.backend.Socket.send.__get__(self._sock)  # bytes only
         self._low, self._high = self._transport.get_write_buffer_limits()
@@ -3440,6 +3501,8 @@ class Sender:
         messages[tracked] as a checkpoint (see ZeroMQHeld); returns the next index."""
         send, flags, sent = self._send_frame, self._dontwait, first
         try:
+            if self._fanout is not None:
+                sent = self._fanout.send_from(messages, first)
             while sent < tracked:
                 self._held.send_tracked(messages[sent])
                 sent += 1
