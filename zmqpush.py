@@ -2292,9 +2292,9 @@ class SpoolQueue(ByteQueue):
 
 
 # ---------------------------------------------------------------- sending --
-# Owns the PUSH socket (options, CURVE and the ZAP handler, endpoints,
-# connection monitor, closing), the replay window and its policy, flow
-# control, and confirm mode's replies.
+# Owns the PUSH sockets (options, CURVE and the ZAP handler, endpoints,
+# connection monitors, one socket per receiver with several -c, closing), the
+# replay window and its policy, flow control, and confirm mode's replies.
 
 def import_aiozmq():
     """Import aiozmq, also on Python 3.14+ where its module import fails.
