@@ -2856,8 +2856,7 @@ class Link:
         checkpoints = self._checkpoints
         if not checkpoints or self._handed + nbytes - checkpoints[0][0] <= self._bound:
             return False
-        while checkpoints and (len(checkpoints) > 1 or not self._owed) and \
-                all(tracker.done for tracker in checkpoints[0][1]):
+        while checkpoints and all(tracker.done for tracker in checkpoints[0][1]):
             checkpoints.popleft()
         return bool(checkpoints) and (self._handed + nbytes - checkpoints[0][0] > self._bound)
 
@@ -2919,6 +2918,8 @@ class Link:
             self._since = 0
         else:
             self._since += nbytes
+            if not self._checkpoints:  # the one being made was done so far: go on anew
+                self._checkpoints.append((self._handed, []))
         self._checkpoints[-1][1].append(frame.tracker)
         self._owed -= 1
         self._handed += nbytes
@@ -2927,9 +2928,8 @@ class Link:
     def may_take(self, wake) -> bool:
         """Whether the socket may take a message now; if not because of the
         bound, wake() is called (on the loop) once its oldest checkpoint is done."""
-        tracker = next((t for t in self._checkpoints[0][1] if not t.done), None) \
-            if self.over(0) else None
-        if tracker is not None:
+        if self.over(0):  # then the oldest checkpoint kept is not done
+            tracker = next(t for t in self._checkpoints[0][1] if not t.done)
             self._wake = wake
             if tracker is not self._watched:
                 self._watched = tracker
@@ -3285,8 +3285,7 @@ class ZeroMQHeld:
     def over(self, nbytes: int) -> bool:
         """Whether handing nbytes more would pass the bound."""
         checkpoints = self._checkpoints
-        while checkpoints and (len(checkpoints) > 1 or not self._owed) and \
-                all(tracker.done for tracker in checkpoints[0][1]):
+        while checkpoints and all(tracker.done for tracker in checkpoints[0][1]):
             checkpoints.popleft()
         return bool(checkpoints) and (self._handed + nbytes - checkpoints[0][0]
                                       > PIPE_BYTES - CHECKPOINT_BYTES)
@@ -3298,9 +3297,7 @@ class ZeroMQHeld:
         has no descriptor) and wakes the loop."""
         loop = asyncio.get_running_loop()
         while self.over((PIPE_BYTES - CHECKPOINT_BYTES) // 2):
-            tracker = next((t for t in self._checkpoints[0][1] if not t.done), None)
-            if tracker is None:  # the newest checkpoint, still being made
-                return
+            tracker = next(t for t in self._checkpoints[0][1] if not t.done)
             done = loop.create_future()
             threading.Thread(target=self._wait_and_wake, args=(tracker, loop, done),
                              name="zmqpush-checkpoint", daemon=True).start()
@@ -3331,6 +3328,8 @@ class ZeroMQHeld:
         one is tracked in its place)."""
         frame = self._frame(message, copy=False, track=True)
         self._send_frame(frame, self._flags, copy=False)
+        if not self._checkpoints:  # the one being made was done so far: go on anew
+            self._checkpoints.append((self._handed, []))
         self._checkpoints[-1][1].append(frame.tracker)
         self._owed -= 1
 

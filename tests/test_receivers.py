@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import Receiver, cli, env_with, free_port, vm_peak_rss_kib
+from conftest import Receiver, cli, env_with, free_port, start, stop_process, vm_peak_rss_kib
 from conftest import run as run_cli
 
 # A receiver like the stock input's socket (LINGER 1, RCVHWM 1000) that appends
@@ -247,12 +247,17 @@ def test_connect_and_bind_together_share_the_stream(two):
     get lines, each line once."""
     bound = f"tcp://127.0.0.1:{free_port()}"
     peer = Receiver(free_port(), connect=bound)
+    proc = start(["-c", two[0].endpoint, "--bind", bound])
     try:
-        proc = run_cli(["-c", two[0].endpoint, "--bind", bound], numbered(20_000))
-        assert proc.returncode == 0, proc.stderr
+        said = [proc.stderr.readline() for _ in range(2)]  # both connected first
+        assert all(line.startswith(b"zmqpush: receiver connected") for line in said), said
+        proc.stdin.write(numbered(20_000))
+        proc.stdin.close()
+        assert proc.wait(60) == 0, proc.stderr.read()
         assert got_numbers([two[0], peer]) == list(range(20_000))
         assert two[0].frames and peer.frames
     finally:
+        stop_process(proc)
         peer.stop()
 
 
