@@ -596,7 +596,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     max_line_bytes = opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES
     queue_bytes, held_replay = fit_memory(
         opt, queue_bytes, 0 if opt["spool"] else replay_bytes,
-        zmq_bytes=max(PIPE_BYTES, zmq_bytes) if opt["batch"] else PIPE_BYTES,
+        zmq_bytes=zmq_queue_bytes(bool(opt["batch"]), bool(replay_bytes)),
         max_line_bytes=max_line_bytes,
         read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES)
     if not opt["spool"]:
@@ -2621,9 +2621,9 @@ class SpoolQueue(ByteQueue):
 
 
 # ---------------------------------------------------------------- sending --
-# Owns the PUSH socket (options, CURVE and the ZAP handler, endpoints,
-# connection monitor, closing), the replay window and its policy, flow
-# control, and confirm mode's replies.
+# Owns the PUSH sockets (options, CURVE and the ZAP handler, endpoints,
+# connection monitors, one socket per receiver with several -c, closing), the
+# replay window and its policy, flow control, and confirm mode's replies.
 
 def import_aiozmq():
     """Import aiozmq, also on Python 3.14+ where its module import fails.
@@ -2984,6 +2984,10 @@ class Connections:
             value = int.from_bytes(head[2:6], sys.byteorder, signed=True)
             self._on_monitor_event(event, value, endpoint.decode(errors="replace"))
 
+    def peers(self) -> int:
+        """How many receivers are connected now (handshake done)."""
+        return sum(self._up.values())
+
     def unsent_bytes(self) -> int:
         """Bytes the kernel holds unacknowledged on the TCP connections now."""
         total = 0
@@ -3021,58 +3025,414 @@ class Connections:
                 self._on_failed_handshake(event, value, endpoint)
 
 
+def socket_parts(config: Config) -> list:
+    """The configs of the PUSH sockets to open: one for all endpoints when there
+    is one endpoint or only --bind ones; otherwise one per -c endpoint, plus
+    one for every --bind endpoint together (see Fanout)."""
+    if len(config.connect) + bool(config.bind) <= 1:
+        return [config]
+    return ([config._replace(connect=[endpoint], bind=[]) for endpoint in config.connect]
+            + ([config._replace(connect=[])] if config.bind else []))
+
+
+def zmq_queue_bytes(batch: bool, replay: bool) -> int:
+    """What ZeroMQ's queues may hold in all, in bytes, as --memory-bytes counts
+    it: PIPE_BYTES in default mode; with --batch the arrays SNDHWM allows."""
+    if not batch:
+        return PIPE_BYTES
+    return max(PIPE_BYTES, REPLAY_BATCH_ZMQ_BYTES if replay else BATCH_ZMQ_BYTES)
+
+
+def open_socket(config: Config, on_socket):
+    """A PUSH socket in a context of its own (so each may have its own ZAP
+    handler), configured, watched (on_socket as for open_stream) and using
+    config's endpoints: (socket, context, what on_socket returned).
+    OSError on a bad or unusable endpoint; nothing stays open then."""
+    import zmq
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
+    configure_socket(sock, config)
+    watcher = on_socket(sock)
+    try:
+        for endpoint in config.bind:
+            sock.bind(endpoint)
+        for endpoint in config.connect:
+            sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        watcher.close()
+        sock.close(linger=0)
+        context.term()
+        raise OSError(exc.errno, exc.strerror) from exc
+    return sock, context, watcher
+
+
 class PushSocket:
-    """The PUSH socket from opening to closing: its options (configure_socket),
-    its endpoints, the monitor of its connections (Connections), and closing
-    within what is left of --linger.  `stream` is the aiozmq stream the
-    Sender writes to."""
+    """The PUSH sockets from opening to closing: their options
+    (configure_socket), their endpoints, the monitor of their connections
+    (Connections), and closing within what is left of --linger.  One socket
+    (an aiozmq stream) for one endpoint, or for --bind alone; one per -c
+    endpoint otherwise, behind a Fanout (see socket_parts).  `stream` is what
+    the Sender writes to: the aiozmq stream or the Fanout."""
 
     def __init__(self, config: Config):
         self._config = config
         self.stream = None
-        self.connections: Connections | None = None
-        self.gatekeeper: Gatekeeper | None = None
-        self._context = None
+        self._watchers: list = []  # (Connections, Gatekeeper) per socket
+        self._sockets: list = []
+        self._contexts: list = []
 
     async def open(self, counters: Counters, on_event, on_lost):
-        """Open the socket, watch its connections (calling on_event(what,
-        endpoint) and on_lost(endpoint), see Connections) and use its endpoints.
-        OSError from ZeroMQ on a bad or unusable endpoint (nothing stays open)."""
-        def watch(sock):
-            self.gatekeeper = Gatekeeper(sock, self._config.security, counters,
-                                         self._config.connect, self._config.bind)
-            self.connections = Connections(sock, counters, on_event, on_lost,
-                                           self.gatekeeper.handshake_failed)
-            return Closing((self.connections, self.gatekeeper))
-        self.stream, self._context = await open_stream(self._config, on_socket=watch)
+        """Open the sockets, watch their connections (calling on_event(what,
+        endpoint) and on_lost(endpoint), see Connections) and use their
+        endpoints.  OSError from ZeroMQ on a bad or unusable endpoint (nothing
+        stays open)."""
+        def watch(part: Config):
+            def watcher(sock):
+                gatekeeper = Gatekeeper(sock, part.security, counters, part.connect, part.bind)
+                connections = Connections(sock, counters, on_event, on_lost,
+                                          gatekeeper.handshake_failed)
+                self._watchers.append((connections, gatekeeper))
+                return Closing((connections, gatekeeper))
+            return watcher
+        parts = socket_parts(self._config)
+        if len(parts) == 1:
+            self.stream, context = await open_stream(self._config, on_socket=watch(self._config))
+            self._sockets = [self.stream.transport.get_extra_info("zmq_socket")]
+            self._contexts = [context]
+            return
+        try:
+            for part in parts:
+                sock, context, _ = open_socket(part, watch(part))
+                self._sockets.append(sock)
+                self._contexts.append(context)
+        except OSError:
+            self.stop_watching()
+            for sock, context in zip(self._sockets, self._contexts):
+                sock.close(linger=0)
+                context.term()
+            raise
+        config = self._config
+        receivers = [connections.peers if part.bind else (lambda: 1)
+                     for part, (connections, _) in zip(parts, self._watchers)]
+        self.stream = Fanout(list(zip(self._sockets, receivers)),
+                             zmq_queue_bytes(config.batch, bool(config.replay_bytes)),
+                             (config.write_high, config.write_low))
 
     def unsent_bytes(self) -> int:
         """Bytes the kernel holds unacknowledged on the TCP connections now."""
-        return self.connections.unsent_bytes()
+        return sum(connections.unsent_bytes() for connections, _ in self._watchers)
 
     def stop_watching(self):
-        """Stop the connection monitor and the gatekeeper (before the socket closes)."""
-        self.connections.close()
-        self.gatekeeper.close()
+        """Stop the connection monitors and the gatekeepers (before the sockets close)."""
+        for connections, gatekeeper in self._watchers:
+            connections.close()
+            gatekeeper.close()
 
     async def close(self, linger: float, buffered: bool, handed_any: bool) -> bool:
-        """Close, letting ZeroMQ deliver for at most linger seconds (aiozmq's
-        buffer, if anything is still buffered, is dropped).  True if ZeroMQ
+        """Close, letting ZeroMQ deliver for at most linger seconds (what is
+        still buffered in the stream, if anything, is dropped).  True if ZeroMQ
         delivered all it held: its termination returned before the linger ran
         out, or it was never handed anything."""
         import zmq
-        sock = self.stream.transport.get_extra_info("zmq_socket")
-        sock.setsockopt(zmq.LINGER, int(linger * 1000))
+        for sock in self._sockets:
+            sock.setsockopt(zmq.LINGER, int(linger * 1000))
         if buffered:
             self.stream.transport.abort()
         else:
             self.stream.close()
         await asyncio.sleep(0)
-        if not sock.closed:
-            sock.close()
+        for sock in self._sockets:
+            if not sock.closed:
+                sock.close()
         began = time.monotonic()
-        await asyncio.get_running_loop().run_in_executor(None, self._context.term)
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, context.term)
+                               for context in self._contexts))
         return not handed_any or time.monotonic() - began + 0.01 < linger
+
+
+class Link:
+    """One PUSH socket of a Fanout and what ZeroMQ holds for it in bytes,
+    bounded as ZeroMQHeld bounds one socket: every `pipe_bytes` / 8 handed,
+    the next messages, one for each of its receivers (receivers(): one for a
+    -c endpoint, the peers connected to its --bind endpoints), go zero-copy
+    with a tracker (a checkpoint); once it is done, nothing handed to this
+    socket before it is still queued.  The socket takes nothing more while
+    what was handed since its oldest checkpoint not done would pass 7/8 of
+    pipe_bytes: ZeroMQ holds at most about pipe_bytes for it, whatever the
+    size of the lines."""
+
+    def __init__(self, sock, pipe_bytes: int, receivers):
+        import zmq
+        self._zmq = zmq
+        self._sock = sock
+        self._send = zmq.backend.Socket.send.__get__(sock)
+        self._dontwait, self._again = zmq.DONTWAIT, zmq.Again
+        self.fd = sock.getsockopt(zmq.FD)
+        self._every = max(1, pipe_bytes // 8)
+        self._bound = pipe_bytes - self._every
+        self._receivers = receivers
+        self._checkpoints: collections.deque = collections.deque()  # (handed before, trackers)
+        self._handed = 0  # bytes handed to this socket in all
+        self._since = 0  # of which since the newest checkpoint
+        self._owed = 0  # messages the newest checkpoint has yet to track
+        self._watched = None  # the tracker a thread waits on
+        self._wake = None  # what that thread calls (on the loop) when it is done
+
+    def over(self, nbytes: int) -> bool:
+        """Whether handing nbytes more would pass the bound.  (The trackers
+        are asked only when the oldest checkpoint kept, done or not, says so.)"""
+        checkpoints = self._checkpoints
+        if not checkpoints or self._handed + nbytes - checkpoints[0][0] <= self._bound:
+            return False
+        while checkpoints and all(tracker.done for tracker in checkpoints[0][1]):
+            checkpoints.popleft()
+        return bool(checkpoints) and (self._handed + nbytes - checkpoints[0][0] > self._bound)
+
+    def take(self, message: bytes) -> bool:
+        """Hand message to this socket if it is within the bound and ZeroMQ
+        takes it now; False otherwise."""
+        nbytes = len(message)
+        since = self._since + nbytes
+        if self._owed or since >= self._every:
+            return self._take_tracked(message, nbytes)
+        if self.over(nbytes):
+            return False
+        try:
+            self._send(message, self._dontwait)
+        except self._again:
+            return False
+        self._since = since
+        self._handed += nbytes
+        return True
+
+    def take_run(self, messages: list, first: int) -> int:
+        """Hand messages from messages[first] on to this socket while it is
+        within the bound and ZeroMQ takes them, up to and including the next
+        message of a checkpoint; returns the next index."""
+        if self.over(0):
+            return first
+        send, flags, sent = self._send, self._dontwait, first
+        room = self._every - self._since  # bytes before a checkpoint is due
+        refused = False
+        if not self._owed:
+            try:
+                for message in messages[first:] if first else messages:
+                    if len(message) >= room:
+                        break
+                    send(message, flags)
+                    room -= len(message)
+                    sent += 1
+            except self._again:
+                refused = True
+            taken = self._every - self._since - room
+            self._since += taken
+            self._handed += taken
+        if not refused and sent < len(messages) and self.take(messages[sent]):
+            sent += 1
+        return sent
+
+    def _take_tracked(self, message: bytes, nbytes: int) -> bool:
+        """take() for a message of a checkpoint, which goes with a tracker."""
+        if self.over(nbytes):
+            return False
+        frame = self._zmq.Frame(message, copy=False, track=True)
+        try:
+            self._send(frame, self._dontwait, copy=False)
+        except self._again:
+            return False
+        if not self._owed:
+            self._checkpoints.append((self._handed, []))
+            self._owed = max(1, self._receivers())
+            self._since = 0
+        else:
+            self._since += nbytes
+            if not self._checkpoints:  # the one being made was done so far: go on anew
+                self._checkpoints.append((self._handed, []))
+        self._checkpoints[-1][1].append(frame.tracker)
+        self._owed -= 1
+        self._handed += nbytes
+        return True
+
+    def may_take(self, wake) -> bool:
+        """Whether the socket may take a message now; if not because of the
+        bound, wake() is called (on the loop) once its oldest checkpoint is done."""
+        if self.over(0):  # then the oldest checkpoint kept is not done
+            tracker = next(t for t in self._checkpoints[0][1] if not t.done)
+            self._wake = wake
+            if tracker is not self._watched:
+                self._watched = tracker
+                threading.Thread(target=self._wait_and_wake,
+                                 args=(tracker, asyncio.get_running_loop()),
+                                 name="zmqpush-checkpoint", daemon=True).start()
+            return False
+        return bool(self._sock.getsockopt(self._zmq.EVENTS) & self._zmq.POLLOUT)
+
+    def _wait_and_wake(self, tracker, loop):
+        tracker.wait()
+        try:
+            loop.call_soon_threadsafe(self._done_waiting)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def _done_waiting(self):
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            wake()
+
+
+class Fanout:
+    """Several PUSH sockets, one per receiver, as one stream with aiozmq's
+    interface as the Sender uses it (write, drain, buffer size and limits,
+    close, abort; `transport` is itself).
+
+    One PUSH socket does not tell which receiver took a message, so one
+    socket with several receivers cannot bound in bytes what it queues for
+    each.  Here each socket (Link) has one receiver and its own bound;
+    send() does what libzmq does inside one socket: round-robin over the
+    sockets that can take a message now, skipping one whose receiver is
+    stopped, slow or gone once its queue is full (SNDHWM messages or its
+    share of the bytes): its share goes to the others.  The Sender's direct
+    sends (send_from) take turns by runs of messages (at most a checkpoint
+    apart, see Link.take_run), so their loop costs about what one socket's
+    does; a line a read still alternates line by line.  The bytes are
+    shared evenly: with n sockets each may hold pipe_bytes / n.
+
+    What send() cannot hand over now, write() buffers; the buffer is sent in
+    order as sockets become able to take it (their descriptors, or a thread
+    waiting on a checkpoint, wake the loop)."""
+
+    def __init__(self, sockets: list, pipe_bytes: int, limits: tuple):
+        """sockets: (socket, receivers()) pairs (see Link)."""
+        import zmq
+        self._again = zmq.Again
+        self.transport = self
+        self._links = [Link(sock, pipe_bytes // len(sockets), receivers)
+                       for sock, receivers in sockets]
+        self._next = 0
+        self._high, self._low = limits
+        self._buffer: collections.deque = collections.deque()
+        self._size = 0
+        self._pump: asyncio.Task | None = None
+        self._drained: list = []  # futures of drain() calls
+        self._failure: BaseException | None = None  # what ended sending the buffer
+
+    def send(self, message: bytes, flags: int = 0):
+        """Hand message to the next socket, in round-robin order, that takes it
+        now; zmq.Again if none does.  (flags: for the Sender's call; always
+        DONTWAIT.)"""
+        links, count = self._links, len(self._links)
+        for _ in range(count):
+            link = links[self._next]
+            self._next = self._next + 1 if self._next + 1 < count else 0
+            if link.take(message):
+                return
+        raise self._again()
+
+    def send_from(self, messages: list, first: int) -> int:
+        """Hand messages from messages[first] on over in order, a run at a
+        time (see Link.take_run) to each socket in turn that takes one, until
+        none does; returns the next index.  (Runs rather than single messages:
+        the loop over a run costs about what one socket's does.)"""
+        links, count = self._links, len(self._links)
+        sent, refusals = first, 0
+        while sent < len(messages) and refusals < count:
+            link = links[self._next]
+            self._next = self._next + 1 if self._next + 1 < count else 0
+            taken = link.take_run(messages, sent)
+            refusals = 0 if taken > sent else refusals + 1
+            sent = taken
+        return sent
+
+    def get_write_buffer_limits(self) -> tuple:
+        return self._low, self._high
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None):
+        self._high = self._high if high is None else high
+        self._low = self._low if low is None else low
+
+    def get_write_buffer_size(self) -> int:
+        return self._size
+
+    def write(self, frames: list):
+        """Send the one-frame messages in frames now, or buffer them in order."""
+        for frame in frames:
+            if not self._buffer:
+                try:
+                    self.send(frame)
+                    continue
+                except self._again:
+                    pass
+            self._buffer.append(frame)
+            self._size += len(frame)
+        if self._buffer and self._pump is None:
+            self._pump = asyncio.get_running_loop().create_task(self._send_buffer())
+
+    async def drain(self):
+        """Wait until the buffer holds at most the low limit (raises what
+        ended sending it, if anything did)."""
+        if self._failure is not None:
+            raise self._failure
+        if self._size > self._low:
+            future = asyncio.get_running_loop().create_future()
+            self._drained.append(future)
+            await future
+
+    async def _send_buffer(self):
+        try:
+            while self._buffer:
+                try:
+                    self.send(self._buffer[0])
+                except self._again:
+                    await self._writable()
+                    continue
+                self._size -= len(self._buffer.popleft())
+                if self._size <= self._low:
+                    self._wake_drains(None)
+        except Exception as exc:  # whoever drains fails with it
+            self._failure = exc
+            self._wake_drains(exc)
+        finally:
+            self._pump = None
+
+    def _wake_drains(self, exc: BaseException | None):
+        drained, self._drained = self._drained, []
+        for future in drained:
+            if future.done():
+                continue
+            if exc is None:
+                future.set_result(None)
+            else:
+                future.set_exception(exc)
+
+    async def _writable(self):
+        """Wait until some socket may take a message (ZeroMQ's descriptors
+        signal edges only: they are watched before the sockets are asked)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def wake():
+            if not future.done():
+                future.set_result(None)
+        for link in self._links:
+            loop.add_reader(link.fd, wake)
+        try:
+            if not any([link.may_take(wake) for link in self._links]):
+                await future
+        finally:
+            for link in self._links:
+                loop.remove_reader(link.fd)
+
+    def abort(self):
+        """Drop what is buffered."""
+        if self._pump is not None:
+            self._pump.cancel()
+        self._buffer.clear()
+        self._size = 0
+        self._wake_drains(None)
+
+    def close(self):
+        """Nothing is buffered: nothing to do (the sockets close with PushSocket)."""
 
 
 class ReplayWindow:
@@ -3272,14 +3632,17 @@ class ZeroMQHeld:
     """What ZeroMQ's queue holds, in bytes: SNDHWM counts messages, and a
     sender ahead of a slow receiver must not let ZeroMQ hold SNDHWM large ones.
 
-    Every CHECKPOINT_BYTES handed, the first messages of a Parcel, one for each
-    receiver ZeroMQ may queue for, go zero-copy with a tracker: a checkpoint.
-    ZeroMQ frees a message once it is in the kernel (or its receiver is gone),
-    and each receiver's queue is first in, first out, so once a checkpoint is
-    done, nothing handed before it is still queued.  Parcels wait (room()) while
-    what was handed since the oldest checkpoint not done passes
-    PIPE_BYTES - CHECKPOINT_BYTES: ZeroMQ holds at most about PIPE_BYTES plus
-    one Parcel.  (Lowering SNDHWM instead stalls libzmq 4.3 for good: see
+    Every CHECKPOINT_BYTES handed, the next messages, one for each receiver
+    ZeroMQ may queue for (from as many Parcels as that takes), go zero-copy
+    with a tracker: a checkpoint.  ZeroMQ gives consecutive messages to its
+    receivers in turn, frees a message once it is in the kernel (or its
+    receiver is gone), and each receiver's queue is first in, first out, so
+    once a checkpoint is done, nothing handed before it is still queued.
+    Parcels wait (room()) while what was handed since the oldest checkpoint
+    not done passes PIPE_BYTES - CHECKPOINT_BYTES: ZeroMQ holds at most about
+    PIPE_BYTES plus one Parcel.  (So a receiver that stops taking lines holds
+    up every receiver of the socket once the bound is reached: see Fanout for
+    one socket per -c.)  (Lowering SNDHWM instead stalls libzmq 4.3 for good: see
     Sender.)  Owns the checkpoints: (bytes handed before, trackers), oldest
     first."""
 
@@ -3289,6 +3652,7 @@ class ZeroMQHeld:
         self._checkpoints: collections.deque = collections.deque()
         self._handed = 0  # bytes (Parcel.nbytes) handed in all
         self._since = 0  # of which since the newest checkpoint
+        self._owed = 0  # messages the newest checkpoint has yet to track
 
     def due(self, nbytes: int) -> bool:
         """Whether a Parcel of nbytes needs over() and checkpoint(): a
@@ -3325,19 +3689,26 @@ class ZeroMQHeld:
             pass
 
     def checkpoint(self, parcel: Parcel) -> int:
-        """How many of parcel's first messages make a checkpoint (0: none is due)."""
-        if self._since + parcel.nbytes < CHECKPOINT_BYTES:
-            return 0
-        self._since = -parcel.nbytes
-        self._checkpoints.append((self._handed, []))
-        return min(len(parcel.messages), max(1, self._receivers()))
+        """How many of parcel's first messages go tracked, for the newest
+        checkpoint or a new one that is due (0: none)."""
+        if not self._owed:
+            if self._since + parcel.nbytes < CHECKPOINT_BYTES:
+                return 0
+            self._since = -parcel.nbytes
+            self._checkpoints.append((self._handed, []))
+            self._owed = max(1, self._receivers())
+        return min(len(parcel.messages), self._owed)
 
     def send_tracked(self, message: bytes):
         """Hand message over zero-copy, tracked in the newest checkpoint
-        (raises zmq.Again: then that checkpoint has one receiver fewer)."""
+        (raises zmq.Again: then the message goes untracked, and the next
+        one is tracked in its place)."""
         frame = self._frame(message, copy=False, track=True)
         self._send_frame(frame, self._flags, copy=False)
+        if not self._checkpoints:  # the one being made was done so far: go on anew
+            self._checkpoints.append((self._handed, []))
         self._checkpoints[-1][1].append(frame.tracker)
+        self._owed -= 1
 
     def handed(self, nbytes: int):
         """A Parcel of nbytes was handed over."""
@@ -3378,13 +3749,17 @@ class Sender:
         self._frame = zmq.Frame
         self._stream = stream
         self._transport = stream.transport
-        self._sock = stream.transport.get_extra_info("zmq_socket")
-        self._send_frame = zmq.backend.Socket.send.__get__(self._sock)  # bytes only
+        self._sock = None if isinstance(stream, Fanout) else \
+            stream.transport.get_extra_info("zmq_socket")
+        fanout = isinstance(stream, Fanout)  # it bounds each socket's queue itself
+        self._fanout = stream if fanout else None
+        self._send_frame = stream.send if fanout else \
+            zmq.backend.Socket.send.__get__(self._sock)  # bytes only
         self._low, self._high = self._transport.get_write_buffer_limits()
         self._queue = queue
         self._counters = counters
         self.window = window
-        self._held = None if config.batch else ZeroMQHeld(
+        self._held = None if config.batch or fanout else ZeroMQHeld(
             self._frame, self._send_frame, self._dontwait,
             lambda: len(config.connect) + (counters.connected if config.bind else 0))
         self._current: Parcel | None = None
@@ -3510,6 +3885,8 @@ class Sender:
         messages[tracked] as a checkpoint (see ZeroMQHeld); returns the next index."""
         send, flags, sent = self._send_frame, self._dontwait, first
         try:
+            if self._fanout is not None:
+                sent = self._fanout.send_from(messages, first)
             while sent < tracked:
                 self._held.send_tracked(messages[sent])
                 sent += 1
