@@ -200,8 +200,8 @@ def test_running_receivers_keep_getting_lines_while_others_are_stopped(
 def test_bind_with_a_stopped_peer_keeps_zeromqs_queue_within_the_memory_bound(
         run_factory, receivers, size):
     """--bind, several receivers connected to it, one stopped mid-stream: one
-    socket serves them all, so its bound is one for all of them (README "Flow
-    control and memory"): peak RSS stays under the default --memory-bytes
+    socket serves them all, so its bound is one for all of them (README
+    "Several receivers"): peak RSS stays under the default --memory-bytes
     (64 MiB) whichever peer the tracked messages go to, and every line
     arrives once the peer goes on."""
     run = run_factory(receivers, 1, size, bind=True)
