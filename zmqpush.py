@@ -3832,6 +3832,9 @@ class Sender:
             if held.over(parcel.nbytes):
                 self.window.pressed()
                 await held.room()
+                if self._queue.rewinds != rewinds and parcel.end:
+                    self._leave(parcel)  # none of it handed: the rewound queue has it
+                    return
             tracked = held.checkpoint(parcel)
         while self._handed < len(messages):
             sent = self.send_now(messages, events, self._handed, parcel.replayed, tracked)
