@@ -64,7 +64,7 @@ DEFAULT_MAX_LINE_BYTES = 64 << 10
 DEFAULT_READ_BYTES = 256 << 10
 DEFAULT_CONFIRM_TIMEOUT = 2.0
 # Reads at most once per window while lines keep coming (README "Coalesced reads").
-DEFAULT_COALESCE = 0.005
+DEFAULT_COALESCE = 0.05
 MAX_COALESCE = 1.0
 # aiozmq transport (high, low): the sender spills into it until it passes low, so
 # 0 spills only the message ZeroMQ refused (see Sender).
