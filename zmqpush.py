@@ -2085,11 +2085,10 @@ class Spool:
         self._read_start = -1
         try:
             os.makedirs(directory, 0o700, exist_ok=True)
-            self._refuse_foreign_files()
+            self._refuse_foreign()
             self._lock_fd = self._lock()
             self._position_fd = os.open(self._path("position"),
                                         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            self._refuse_foreign_position()
             self._starts, self._sizes = self._segments()
             self.safe = self._read_position()
             self._done = self.safe  # see position
@@ -2105,22 +2104,28 @@ class Spool:
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
 
-    def _refuse_foreign_files(self):
-        """SpoolError if the directory holds anything a spool does not write: a
-        spool never takes over (overwrites, deletes) files of someone else's."""
+    def _refuse_foreign(self):
+        """SpoolError, before anything is created or opened, unless the directory
+        holds only what a spool writes: regular files named `lock`, `position`
+        (digits and a newline; zeros or nothing where a crash tore the write)
+        or like a segment.  A spool never takes over, follows or changes what
+        someone else left (a FIFO named like a segment would block its open)."""
         for name in sorted(os.listdir(self.directory)):
-            if name not in ("lock", "position") and not SEGMENT_NAME.match(name):
-                raise SpoolError(f"--spool {self.directory} holds {name!r}, which is not "
-                                 "a spool's: give a new or empty directory, or a spool")
+            path = self._path(name)
+            ours = name in ("lock", "position") or SEGMENT_NAME.match(name)
+            if not ours or not stat.S_ISREG(os.lstat(path).st_mode) or (
+                    name == "position" and not self._holds_a_position(path)):
+                raise SpoolError(f"cannot use --spool {self.directory}: {name!r} in it is not "
+                                 "a spool's file (give a new or empty directory, or a spool)")
 
-    def _refuse_foreign_position(self):
-        """SpoolError if `position` holds what no spool writes (digits and a
-        newline; zeros or nothing where a crash tore the write)."""
-        text = os.pread(self._position_fd, 64, 0)
-        if text.strip(b"0123456789\n\0"):
-            os.close(self._position_fd)
-            raise SpoolError(f"--spool {self.directory}: its 'position' file is not a "
-                             "spool's: give a new or empty directory, or a spool")
+    @staticmethod
+    def _holds_a_position(path: str) -> bool:
+        """True if the regular file at path reads as a position file."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            return not os.pread(fd, 64, 0).strip(b"0123456789\n\0")
+        finally:
+            os.close(fd)
 
     def _lock(self) -> int:
         """The lock file's descriptor, flock()ed; SpoolError if another run holds it."""

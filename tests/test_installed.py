@@ -4,6 +4,7 @@ bin/ holds the zmqpush.py launcher beside zmqpush-watermark.py, so a command tha
 imports the zmqpush module from there must find the module, not the launcher.
 """
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -108,8 +109,8 @@ def test_a_spool_never_takes_over_a_directory_holding_other_files(tmp_path):
     proc = run(["--spool", str(data), "-c", "tcp://127.0.0.1:9"], b"line\n")
     assert proc.returncode == 2
     assert proc.stderr.decode().splitlines() == [
-        f"zmqpush: --spool {data} holds 'notes.txt', which is not a spool's: give a new "
-        "or empty directory, or a spool"]
+        f"zmqpush: cannot use --spool {data}: 'notes.txt' in it is not a spool's file (give "
+        "a new or empty directory, or a spool)"]
     assert sorted(p.name for p in data.iterdir()) == ["notes.txt"]
 
 
@@ -119,5 +120,18 @@ def test_a_spool_never_overwrites_a_position_file_it_did_not_write(tmp_path):
     (data / "position").write_text("IMPORTANT USER DATA\n")
     proc = run(["--spool", str(data), "-c", "tcp://127.0.0.1:9"], b"line\n")
     assert proc.returncode == 2
-    assert b"its 'position' file is not a spool's" in proc.stderr
+    assert b"'position' in it is not a spool's file" in proc.stderr
     assert (data / "position").read_text() == "IMPORTANT USER DATA\n"
+    assert sorted(p.name for p in data.iterdir()) == ["position"]
+
+
+def test_a_fifo_named_like_a_segment_is_refused_not_opened(tmp_path):
+    """Opening it to append would block for good (no writer, no reader)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    os.mkfifo(data / "00000000000000000000.seg")
+    proc = run(["--spool", str(data), "-c", "tcp://127.0.0.1:9", "--linger", "0"], b"x\n",
+               timeout=20)
+    assert proc.returncode == 2
+    assert b"'00000000000000000000.seg' in it is not a spool's file" in proc.stderr
+    assert sorted(p.name for p in data.iterdir()) == ["00000000000000000000.seg"]

@@ -862,9 +862,9 @@ def test_a_full_disk_is_said_once_and_every_line_arrives_once_there_is_room(
     assert numbers == list(range(lines))
 
 
-def test_a_symlink_named_like_a_segment_is_not_followed(tmp_path, receiver):
-    """It is left be, as anything in DIR that is not a regular file named like
-    a segment: the file it points to (a good segment) is neither read nor changed."""
+def test_a_symlink_named_like_a_segment_is_refused_and_not_followed(tmp_path, receiver):
+    """Anything in DIR that is not a regular file a spool writes refuses DIR: the
+    file it points to (a good segment) is neither read nor changed."""
     first = run(["-q", "-c", f"tcp://127.0.0.1:{free_port()}", "--spool",
                  str(tmp_path / "elsewhere"), "--linger", "0"], b"a\nb\n")
     assert first.returncode == 3, first.stderr
@@ -875,7 +875,7 @@ def test_a_symlink_named_like_a_segment_is_not_followed(tmp_path, receiver):
     (spool / target.name).symlink_to(target)
     with open(os.devnull, "rb") as empty:
         proc = run(["-q", "-c", receiver.endpoint, "--spool", str(spool)], stdin=empty)
-    assert proc.returncode == 0, proc.stderr
-    assert "previous run left" not in closing_line(proc.stderr)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot use --spool {spool}: '{target.name}' in it" in proc.stderr.decode()
     assert receiver.settle(0.5) == 0
     assert target.read_bytes() == data and (spool / target.name).is_symlink()
