@@ -50,6 +50,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def id_record(line: str) -> list:
+    """[id, message] of a line the receiver wrote with --ids.  A receiver killed
+    in the middle of a large write leaves a torn record, and the next one
+    appends to it: the whole record after it is the line's."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return json.loads(line[line.rindex('["', 1):])
+
+
 class Outage:
     """One shipment with receiver restarts; run() returns its figures."""
 
@@ -132,7 +142,7 @@ class Outage:
     def received(self) -> list:
         """(event id or None, line number) per event received, in order."""
         with open(self.out, encoding="utf-8") as f:
-            rows = [json.loads(line) if self.ids else [None, line] for line in f]
+            rows = [id_record(line) if self.ids else [None, line] for line in f]
         return [(event_id, int(message.split(" ", 1)[0])) for event_id, message in rows]
 
     def counters(self) -> dict:

@@ -161,8 +161,11 @@ def test_confirm_spool_zmqpush_sigkilled_again_and_again_mid_flow_every_line_arr
         assert len(mid_flow) >= 3, f"kills not mid-flow (seed {seed}): {killed}"
         shipped = {e["@pid"] for e in events} & {pid for pid, _ in killed}
         assert len(shipped) >= 2, f"killed before shipping anything: {killed}"
+        # A line rsyslog sent to an instance killed before its reply is sent again
+        # to the next, which spools it as a record of its own: each instance may
+        # send the copies it holds, so the bound is instances times copies.
         most = max(got.values())
-        assert most <= len(instances), f"a line came {most} times from {len(instances)} runs"
+        assert most <= 2 * len(instances), f"a line came {most} times from {len(instances)} runs"
         last = zmqpush_child(rs)
         rs.stop()
         assert last is None or wait_gone(last, 10)
