@@ -33,8 +33,10 @@ TAKEN = 20  # lines every receiver took before the stop, at least
 PAUSE = 0.002  # between writes of one line each
 
 
-def numbered(count: int) -> bytes:
-    return b"".join(b"%d\n" % n for n in range(count))
+def numbered(count: int, end: int = 0) -> bytes:
+    """Lines "0" to "count-1", or "count" to "end-1" when end is given."""
+    first, last = (count, end) if end else (0, count)
+    return b"".join(b"%d\n" % n for n in range(first, last))
 
 
 def numbers(path) -> list:
@@ -287,9 +289,17 @@ def test_curve_with_two_receivers_secures_each_socket(two, tmp_path):
         sock.curve_publickey, sock.curve_secretkey = public, secret
     receivers = [Receiver(free_port(), setup=setup) for _ in range(2)]
     try:
-        proc = run_cli(["-c", receivers[0].endpoint, "-c", receivers[1].endpoint,
-                    "--curve-server-cert", str(tmp_path / "server.key")], numbered(2000))
-        assert proc.returncode == 0, proc.stderr
+        proc = start(["-c", receivers[0].endpoint, "-c", receivers[1].endpoint,
+                      "--curve-server-cert", str(tmp_path / "server.key")])
+        try:
+            proc.stdin.write(numbered(1000))
+            proc.stdin.flush()
+            time.sleep(1.5)  # both handshakes done: the rest goes round-robin to both
+            proc.stdin.write(numbered(1000, 2000))
+            proc.stdin.close()
+            assert proc.wait(30) == 0, proc.stderr.read()
+        finally:
+            stop_process(proc)
         assert got_numbers(receivers) == list(range(2000))
         assert all(r.frames for r in receivers)
     finally:

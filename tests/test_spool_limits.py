@@ -186,8 +186,8 @@ def test_a_crash_loop_at_default_settings_makes_progress_and_everything_arrives(
     print(f"\n{len(counts)} kills; distinct lines after each: {counts}; positions {positions}")
     pairs = [(earlier, later) for earlier, later in zip(counts, counts[1:])
              if earlier < LOOP_LINES]
-    assert len(pairs) >= 2, counts  # how many runs it takes depends on the machine's speed
-    assert sum(later > earlier for earlier, later in pairs) >= len(pairs) * 2 // 3, counts
+    # How many runs it takes depends on the machine's speed; each must make progress.
+    assert pairs and all(later > earlier for earlier, later in pairs), counts
     assert code == 0, err
     assert seen.update() == LOOP_LINES
     assert_spool_empty(spool)

@@ -171,7 +171,8 @@ def test_confirm_spool_zmqpush_sigkilled_again_and_again_mid_flow_every_line_arr
         assert last is None or wait_gone(last, 10)
         err = (tmp_path / "zmqpush.err").read_text(errors="replace")
         assert "in use by another zmqpush" not in err and "Traceback" not in err, err[-2000:]
-        assert sorted(os.listdir(spool)) == ["lock", "position"], err[-2000:]
+        if last is not None:  # a killed last instance leaves its delivered records behind
+            assert sorted(os.listdir(spool)) == ["lock", "position"], err[-2000:]
         duplicates = sum(n - 1 for n in got.values())
         print(f"seed {seed}: {len(killed)} kills ({len(shipped)} after shipping), "
               f"{len(instances)} instances, {duplicates} duplicates (at most {most} copies), "
