@@ -41,6 +41,10 @@ TAIL = 0.5  # seconds the feeder goes on after the window
 TICK = os.sysconf("SC_CLK_TCK")
 # (lines/s, lines per write)
 LOADS = [(100, 1), (1000, 1), (10000, 1), (10000, 10)]
+# --bursts: the Stats table's high load as rsyslog hands it over (bench/pidstat.py:
+# `seq 1 100 | logger` every 0.2 s), 100 lines in one write 5 times a second, so that
+# every shipper reads a burst at one wake-up and only the work per line differs.
+BURSTS = [(500, 100)]
 
 
 def feed(rate: int, per_write: int, writes: int) -> int:
@@ -62,6 +66,12 @@ def feed(rate: int, per_write: int, writes: int) -> int:
 
 def cpu_ticks(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def main_thread_ticks(pid: int) -> int:
+    """utime+stime of pid's main thread (the one that reads and sends)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
 
 
@@ -102,8 +112,10 @@ def measure(argv: list, rate: int, per_write: int, seconds: float) -> dict:
         began = time.monotonic()
         time.sleep(WARMUP)
         t0, cpu0, cs0 = time.monotonic(), cpu_ticks(shipper.pid), switches(shipper.pid)
+        main0 = main_thread_ticks(shipper.pid)
         time.sleep(max(0.0, began + WARMUP + seconds - time.monotonic()))
         t1, cpu1, cs1 = time.monotonic(), cpu_ticks(shipper.pid), switches(shipper.pid)
+        main1 = main_thread_ticks(shipper.pid)
         stop(feeder, TAIL + 10)
         stop(shipper, 15)
         received = counter.finish(timeout=5)["received"]
@@ -113,6 +125,7 @@ def measure(argv: list, rate: int, per_write: int, seconds: float) -> dict:
                   file=sys.stderr)
     window = t1 - t0
     return {"cpu": 100.0 * (cpu1 - cpu0) / TICK / window, "cs": (cs1 - cs0) / window,
+            "main": 100.0 * (main1 - main0) / TICK / window,
             "fed": lines, "received": received}
 
 
@@ -129,10 +142,14 @@ def main() -> int:
                    help="interpreter for zmqpush and naive.py (default: this one)")
     p.add_argument("--windows", default="",
                    help="also zmqpush at these --coalesce windows (comma-separated seconds)")
+    p.add_argument("--bursts", action="store_true",
+                   help="measure only 500 lines/s in writes of 100 lines (rsyslog's bursts "
+                   "in the Stats table's high load), with the main thread's share")
     p.add_argument("--chart", metavar="PNG",
                    help="also draw %%CPU against load for each shipper into PNG "
                    "(needs matplotlib: pip install '.[bench]')")
     args = p.parse_args()
+    loads = BURSTS if args.bursts else LOADS
     shippers = {
         "zmqpush": [args.python, args.zmqpush, "-q", "-c", "ENDPOINT"],
         "zmqpush --coalesce 0": [args.python, args.zmqpush, "-q", "--coalesce", "0",
@@ -148,9 +165,9 @@ def main() -> int:
     if args.batch:
         shippers["zmqpush --batch"] = [args.python, args.zmqpush, "-q", "--batch",
                                        "-c", "ENDPOINT"]
-    results = {(load, name): [] for load in LOADS for name in shippers}
+    results = {(load, name): [] for load in loads for name in shippers}
     for _ in range(args.runs):
-        for load in LOADS:
+        for load in loads:
             for name, argv in shippers.items():
                 results[load, name].append(measure(argv, *load, args.seconds))
 
@@ -167,7 +184,7 @@ def main() -> int:
     print("| lines/s | writes/s | " + " | ".join(f"{n} %CPU" for n in names)
           + " | zmqpush/naive | zmqpush/C | skeleton/naive | bare/naive |")
     print("|---:|---:|" + "---:|" * (len(names) + 4))
-    for load in LOADS:
+    for load in loads:
         rate, per_write = load
         cpu = {n: med(load, n, "cpu") for n in names}
         print(f"| {rate:,} | {rate // per_write:,} | "
@@ -178,10 +195,19 @@ def main() -> int:
     print("\nContext switches per second (voluntary + involuntary, all threads):\n")
     print("| lines/s | writes/s | " + " | ".join(names) + " |")
     print("|---:|---:|" + "---:|" * len(names))
-    for load in LOADS:
+    for load in loads:
         rate, per_write = load
         print(f"| {rate:,} | {rate // per_write:,} | "
               + " | ".join(f"{med(load, n, 'cs'):,.1f}" for n in names) + " |")
+    if args.bursts:
+        print("\n%CPU of the main thread alone (reading, encoding, sending; the rest is "
+              "libzmq's I/O thread):\n")
+        print("| lines/s | writes/s | " + " | ".join(names) + " |")
+        print("|---:|---:|" + "---:|" * len(names))
+        for rate, per_write in loads:
+            print(f"| {rate:,} | {rate // per_write:,} | "
+                  + " | ".join(f"{med((rate, per_write), n, 'main'):.2f}" for n in names)
+                  + " |")
     short = [(load[0], name, r["received"], r["fed"]) for (load, name), runs in results.items()
              for r in runs if r["received"] != r["fed"]]
     print()
@@ -189,12 +215,12 @@ def main() -> int:
         for rate, name, got, fed in short:
             print(f"LOST: {name} at {rate:,} lines/s: received {got:,} of {fed:,}")
     else:
-        print(f"Received: every line fed, in all {len(names) * len(LOADS) * args.runs} "
+        print(f"Received: every line fed, in all {len(names) * len(loads) * args.runs} "
               "measurements.")
     script = os.path.relpath(__file__)
     print(f"Command: `{shlex.join(['python', script, *sys.argv[1:]])}`")
-    if args.chart:
-        draw_chart(args.chart, {n: [med(load, n, "cpu") for load in LOADS] for n in names})
+    if args.chart and not args.bursts:
+        draw_chart(args.chart, {n: [med(load, n, "cpu") for load in loads] for n in names})
     return 0
 
 
