@@ -57,6 +57,10 @@ EXIT_SIGNAL_BASE = 128
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:2120"
 DEFAULT_LINGER = 4.0
 DEFAULT_SNDHWM = 1000
+# --confirm without a spool answers "OK" once ZeroMQ took a line: what its queue
+# holds when zmqpush ends is lost, so it holds one message (the kernel's buffers
+# still deliver after the exit).
+CONFIRM_SNDHWM = 1
 # In --batch mode a message is a whole read: SNDHWM defaults to this many bytes of them.
 BATCH_ZMQ_BYTES = 16 << 20
 DEFAULT_QUEUE_BYTES = 4 << 20
@@ -361,7 +365,8 @@ def _delivery_options(g):
     g.add_argument("--sndhwm", type=_integer(1, MAX_SNDHWM), metavar="N",
                    help="ZeroMQ send high-water mark in messages per receiver (default "
                    f"{DEFAULT_SNDHWM}; in default mode ZeroMQ also holds at most about "
-                   f"{PIPE_BYTES >> 20} MiB; with --batch, derived from the array size)")
+                   f"{PIPE_BYTES >> 20} MiB; with --batch, derived from the array size; "
+                   f"with --confirm and no --spool, {CONFIRM_SNDHWM})")
     g.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
                    help="aiozmq transport watermarks in bytes (default "
                    f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
@@ -606,6 +611,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     array_bytes = min(batch_bytes, replayable_array_bytes(
         min(replay_bytes, DEFAULT_REPLAY_BYTES) if opt["spool"] else replay_bytes))
     default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
+                      else CONFIRM_SNDHWM if opt["confirm"] and not opt["spool"]
                       else DEFAULT_SNDHWM)
     return Config(
         logtype=utf8(opt["logtype"] if opt["logtype"] is not None else "syslog", "LOGTYPE"),

@@ -439,16 +439,19 @@ def test_drops_make_the_exit_code_3():
 # -- 4. option values that must do what they say ---------------------------------------
 
 def test_confirm_timeout_0_accepts_what_zeromq_takes_at_once(receiver):
-    """Before the fix every line was refused: wait_for(..., 0) never ran the flush."""
+    """Before the fix every line was refused: wait_for(..., 0) never ran the flush.
+    Lines come as rsyslog sends them, each after the previous one's reply."""
     proc = start(["-c", receiver.endpoint, "--confirm", "--confirm-timeout", "0"])
     try:
         assert proc.stdout.readline() == b"OK\n"
         # With no receiver connected yet ZeroMQ (IMMEDIATE=1) would refuse at once.
         assert proc.stderr.readline().startswith(b"zmqpush: receiver connected")
-        proc.stdin.write(b"a\nb\nc\n")
+        for line in (b"a\n", b"b\n", b"c\n"):
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            assert proc.stdout.readline() == b"OK\n"
         proc.stdin.close()
         assert proc.wait(20) == 0, proc.stderr.read()
-        assert proc.stdout.read() == b"OK\n" * 3
         assert receiver.wait_for(3, 10) == 3
     finally:
         stop_process(proc)

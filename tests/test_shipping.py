@@ -257,6 +257,17 @@ def test_watermark_tool_json_follows_the_options():
                            "tcp_wmem"}
 
 
+
+@pytest.mark.parametrize("args,sndhwm", [(["--confirm"], 1), (["--confirm", "--sndhwm", "7"], 7),
+                                         (["--confirm", "--spool", "spool"], 1000), ([], 1000)],
+                         ids=["confirm", "confirm-set", "confirm-spool", "default"])
+def test_confirm_mode_lets_zeromq_hold_one_message(args, sndhwm):
+    """--confirm answers OK once ZeroMQ took a line: what ZeroMQ still holds when
+    zmqpush ends is lost (README "rsyslog"), so it holds one message unless told."""
+    proc = subprocess.run([WATERMARK, "--json", *args], capture_output=True, timeout=10)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["sndhwm"] == sndhwm
+
 SIMULATE_PY314 = """
 import asyncio.unix_events as u, sys
 del u.SafeChildWatcher
