@@ -4043,16 +4043,25 @@ class Confirmer:
     async def _flushed_within(self, timeout: float) -> bool:
         """True if the transport buffer is (or becomes, within timeout)
         empty.  An empty buffer is never waited for, so timeout 0 accepts what
-        ZeroMQ took at once."""
+        ZeroMQ took at once.  (Not asyncio.wait_for: before CPython 3.12 it
+        returns the result, swallowing a cancellation, when the flush ends as
+        the run's end cancels this task; the task then waited for stdout for
+        good.)"""
         sender = self._sender
         if not sender.buffered_bytes():
             sender.settle()
             return True
+        flush = asyncio.ensure_future(sender.flush())
         try:
-            await asyncio.wait_for(sender.flush(), timeout)
-        except asyncio.TimeoutError:
+            await asyncio.wait({flush}, timeout=timeout)
+        finally:
+            if not flush.done():
+                flush.cancel()
+                await asyncio.wait({flush})
+        if flush.cancelled():
             sender.settle()
             return False
+        flush.result()
         return True
 
 
