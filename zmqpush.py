@@ -108,6 +108,15 @@ SPOOL_REPLAY_BYTES = 64 << 20
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
 
+# Counters go to systemd (STATUS=) and to --metrics-file at most this often, and
+# only while they change or lines wait to be sent (README "Running as a service");
+# the first time after an idle spell at least this long after the line that ended it.
+PUBLISH_SECONDS = 2.0
+PUBLISH_FIRST_SECONDS = 0.5
+# The placeholder of --metrics-file for zmqpush's process id.
+PID_PLACEHOLDER = "{pid}"
+
+
 # ---------------------------------------------------------------- options --
 # Owns the command line, its ZMQPUSH_* environment twins and their validation.
 
@@ -216,6 +225,8 @@ class Config(NamedTuple):
     spool_bytes: int = DEFAULT_SPOOL_BYTES
     spool_sync: float = DEFAULT_SPOOL_SYNC  # 0: every write, inf: never
     coalesce: float = DEFAULT_COALESCE  # the read window in seconds; 0 with --confirm
+    metrics_file: str | None = None  # --metrics-file PATH, its {pid} not yet replaced
+    metrics_name: str = ""  # the "name" label of the metrics
 
 
 class _Parser(argparse.ArgumentParser):
@@ -411,6 +422,13 @@ def _reporting_options(g):
     g.add_argument("-q", "--quiet", action="store_true", default=None,
                    help="no connection events; errors, the closing line and what "
                    "you asked for (--stats, SIGUSR1) still print")
+    g.add_argument("--metrics-file", type=_directory, metavar="PATH",
+                   help="write the counters to PATH in the Prometheus text format "
+                   "(node_exporter's textfile collector), at most every "
+                   f"{PUBLISH_SECONDS:g} s while they change; removed at exit 0; "
+                   f"{PID_PLACEHOLDER} in PATH: the process id (also a label then)")
+    g.add_argument("--metrics-name", metavar="NAME",
+                   help='--metrics-file: the "name" label of every metric (default: none)')
 
 
 def _rsyslog_options(g):
@@ -638,7 +656,22 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         spool_sync=DEFAULT_SPOOL_SYNC if opt["spool_sync"] is None else opt["spool_sync"],
         coalesce=0.0 if opt["confirm"] else (
             DEFAULT_COALESCE if opt["coalesce"] is None else opt["coalesce"]),
+        metrics_file=check_metrics_file(opt["metrics_file"]),
+        metrics_name=utf8(opt["metrics_name"] or "", "--metrics-name").decode("utf-8"),
     )
+
+
+def check_metrics_file(path: str | None) -> str | None:
+    """path if its directory exists (and it is valid UTF-8), else UsageError."""
+    if path is None:
+        return None
+    utf8(path, "--metrics-file")
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        raise UsageError(f"--metrics-file {path!r}: no directory {directory!r}")
+    if not os.path.basename(path):
+        raise UsageError(f"--metrics-file {path!r} names a directory, not a file")
+    return path
 
 
 def replay_default(opt: dict, spool_bytes: int) -> int:
@@ -4075,21 +4108,31 @@ class Reporter:
 
     def snapshot(self) -> dict:
         """The counters now, with the send rate since the previous snapshot."""
-        c = self._counters
+        values = self._counter_values()
         now, sent_before = time.monotonic(), self._last[1]
-        rate = (c.events_handed - sent_before) / max(1e-9, now - self._last[0])
-        self._last = (now, c.events_handed)
-        values = {"read": c.events_read, "bytes": c.bytes_read, "sent": c.events_handed,
-                  "queued": self._queue.events(), "dropped": c.events_dropped,
-                  "split": c.pieces, "transport_bytes": self._sender.buffered_bytes(),
-                  "drain_waits": c.drain_waits, "connected": c.connected,
-                  "disconnects": c.disconnects, "replayed": c.events_replayed,
-                  "window_bytes": self._sender.window.nbytes,
-                  "handshake_failures": c.handshake_failures, "refused": c.refused,
-                  "rate": round(rate, 1)}
+        rate = (values["sent"] - sent_before) / max(1e-9, now - self._last[0])
+        self._last = (now, values["sent"])
+        values["rate"] = round(rate, 1)
         if self._spool is not None:
             values.update(self._spool_values())
         return values
+
+    def figures(self) -> dict:
+        """The counters now, as snapshot() without the rate (so it changes nothing)."""
+        values = self._counter_values()
+        if self._spool is not None:
+            values.update(self._spool_values())
+        return values
+
+    def _counter_values(self) -> dict:
+        c = self._counters
+        return {"read": c.events_read, "bytes": c.bytes_read, "sent": c.events_handed,
+                "queued": self._queue.events(), "dropped": c.events_dropped,
+                "split": c.pieces, "transport_bytes": self._sender.buffered_bytes(),
+                "drain_waits": c.drain_waits, "connected": c.connected,
+                "disconnects": c.disconnects, "replayed": c.events_replayed,
+                "window_bytes": self._sender.window.nbytes,
+                "handshake_failures": c.handshake_failures, "refused": c.refused}
 
     def _spool_values(self) -> dict:
         """The spool's figures: bytes and segments on disk, bytes not yet sent
@@ -4160,6 +4203,355 @@ class Reporter:
         warn(f"{what} {endpoint}{more}")
 
 
+class Notifier:
+    """systemd's notify protocol (sd_notify(3)) with the standard library: one
+    datagram a message to the AF_UNIX socket that NOTIFY_SOCKET names (a path,
+    or an abstract name written with a leading "@").  A message that cannot be
+    sent is lost, never a failure of the run: the first such loss is said once
+    on stderr."""
+
+    def __init__(self, address: str):
+        self._shown = address
+        self._address = "\0" + address[1:] if address.startswith("@") else address
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.setblocking(False)
+        self._failed = False
+
+    @classmethod
+    def from_environment(cls, environ) -> Notifier | None:
+        """A Notifier for NOTIFY_SOCKET, or None if it is unset or empty (or not a
+        path or @name, which is said once)."""
+        address = environ.get("NOTIFY_SOCKET", "")
+        if not address:
+            return None
+        if not address.startswith(("/", "@")) or len(address) < 2:
+            warn(f"NOTIFY_SOCKET={address!r} is neither an AF_UNIX socket path nor "
+                 "@name: systemd is not notified")
+            return None
+        return cls(address)
+
+    def send(self, message: str):
+        """Send one message (lines of NAME=VALUE); a failure is said the first time only."""
+        try:
+            self._socket.sendto(message.encode("utf-8", "replace"), self._address)
+        except OSError as exc:
+            if not self._failed:
+                self._failed = True
+                warn(f"cannot notify systemd at NOTIFY_SOCKET={self._shown}: "
+                     f"{exc.strerror or exc} (the run goes on; said once)")
+
+    def close(self):
+        self._socket.close()
+
+
+def watchdog_interval(environ, pid: int) -> float | None:
+    """Seconds between WATCHDOG=1 pings: half of WATCHDOG_USEC, if it is a
+    positive integer and WATCHDOG_PID, if set, is pid (as sd_watchdog_enabled(3)
+    decides); else None (no pings)."""
+    try:
+        usec = int(environ.get("WATCHDOG_USEC", ""))
+    except ValueError:
+        return None
+    owner = environ.get("WATCHDOG_PID")
+    if usec <= 0 or (owner is not None and owner.strip() != str(pid)):
+        return None
+    return usec / 2e6
+
+
+# The metrics --metrics-file writes: (name, type, help, key of Reporter.figures()).
+METRICS = (
+    ("zmqpush_events_read_total", "counter",
+     "Events read on stdin: lines, and pieces of lines split at --max-line-bytes.", "read"),
+    ("zmqpush_read_bytes_total", "counter", "Bytes read on stdin.", "bytes"),
+    ("zmqpush_events_sent_total", "counter",
+     "Events handed to ZeroMQ, replays not included.", "sent"),
+    ("zmqpush_events_dropped_total", "counter",
+     "Events dropped while the queue or spool was full (--when-full drop).", "dropped"),
+    ("zmqpush_split_pieces_total", "counter",
+     'Pieces of long lines sent with "@continues":true.', "split"),
+    ("zmqpush_events_replayed_total", "counter",
+     "Events sent again from the replay window after a receiver went away.", "replayed"),
+    ("zmqpush_confirm_refused_lines_total", "counter",
+     "--confirm: lines answered with a refusal (rsyslog sends them again).", "refused_lines"),
+    ("zmqpush_drain_waits_total", "counter",
+     "Times the sender waited for ZeroMQ to take a spill.", "drain_waits"),
+    ("zmqpush_receiver_disconnects_total", "counter",
+     "Times a connected receiver went away.", "disconnects"),
+    ("zmqpush_handshake_failures_total", "counter",
+     "Failed ZeroMQ handshakes (ours, and with --bind the peers').", "handshake_failures"),
+    ("zmqpush_peers_refused_total", "counter",
+     "Connection attempts the --bind allowlists refused.", "refused"),
+    ("zmqpush_receivers_connected", "gauge", "Receivers connected now.", "connected"),
+    ("zmqpush_queued_events", "gauge",
+     "Events in the queue between reader and sender.", "queued"),
+    ("zmqpush_transport_buffered_bytes", "gauge",
+     "Bytes in the aiozmq transport buffer.", "transport_bytes"),
+    ("zmqpush_replay_window_bytes", "gauge", "Bytes the replay window holds.", "window_bytes"),
+)
+SPOOL_METRICS = (
+    ("zmqpush_spool_bytes", "gauge", "Bytes of the spool's segments on disk.", "spool_bytes"),
+    ("zmqpush_spool_segments", "gauge", "Segment files of the spool.", "spool_segments"),
+    ("zmqpush_spool_unsent_bytes", "gauge",
+     "Spooled bytes not yet sent (nor held in memory).", "spool_unsent_bytes"),
+    ("zmqpush_spool_oldest_unsent_age_seconds", "gauge",
+     "Age of the oldest unsent record in the spool.", "spool_age"),
+    ("zmqpush_spool_damaged_stretches_total", "counter",
+     "Damaged stretches of the spool skipped.", "spool_corrupt"),
+    ("zmqpush_spool_found_events_total", "counter",
+     "Events read from what a previous run left in the spool.", "spool_found"),
+    ("zmqpush_spool_memory_only_events_total", "counter",
+     "Events kept in memory only because the spool could not take them.",
+     "spool_memory_only"),
+)
+def metrics_path(path: str, pid: int) -> str:
+    """--metrics-file PATH with its {pid} placeholders replaced by pid."""
+    return path.replace(PID_PLACEHOLDER, str(pid))
+
+
+def _label_value(text: str) -> str:
+    """text escaped for a label value of the text exposition format."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class MetricsFile:
+    """The counters in Prometheus' text exposition format (0.0.4), for
+    node_exporter's textfile collector: each version written whole to a hidden
+    temporary file beside PATH and renamed over it, so a reader finds the
+    previous version or the new one, never a part.  Every sample has the
+    labels given (logtype, the instance's name, the pid).  A write or removal
+    that fails is said once on stderr; the run goes on."""
+
+    def __init__(self, path: str, labels: dict, started: float):
+        self.path = path
+        directory, base = os.path.split(path)
+        self._temporary = os.path.join(directory, f".{base}.{os.getpid()}.tmp")
+        self._labels = "{" + ",".join(f'{key}="{_label_value(value)}"'
+                                      for key, value in labels.items() if value) + "}"
+        self._started = started
+        self._failed = False
+
+    def write(self, figures: dict, exit_code: int | None = None):
+        """Replace the file by one with figures, the start time and now (and
+        exit_code, when the run ended with one that is not 0)."""
+        try:
+            with open(self._temporary, "w", encoding="utf-8") as f:
+                f.write(self.text(figures, time.time(), exit_code))
+            os.replace(self._temporary, self.path)
+        except OSError as exc:
+            self._say(f"cannot write --metrics-file {self.path}", exc)
+            self._discard(self._temporary)
+
+    def text(self, figures: dict, now: float, exit_code: int | None = None) -> str:
+        """The exposition: # HELP, # TYPE and one sample for each metric."""
+        labels = self._labels if self._labels != "{}" else ""
+        metrics = METRICS + (SPOOL_METRICS if "spool_bytes" in figures else ())
+        values = [(name, kind, text, figures[key]) for name, kind, text, key in metrics]
+        values += [
+            ("zmqpush_start_time_seconds", "gauge",
+             "When this run started, in seconds since the epoch.", round(self._started, 3)),
+            ("zmqpush_last_update_timestamp_seconds", "gauge",
+             "When this file was written, in seconds since the epoch.", round(now, 3))]
+        if exit_code is not None:
+            values.append(("zmqpush_exit_code", "gauge",
+                           "The exit code of the run that wrote this file last (not 0).",
+                           exit_code))
+        return "".join(f"# HELP {name} {text}\n# TYPE {name} {kind}\n{name}{labels} {value}\n"
+                       for name, kind, text, value in values)
+
+    def remove(self):
+        """Remove the file (a run that ended cleanly leaves none)."""
+        self._discard(self.path)
+
+    def _discard(self, path: str):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._say(f"cannot remove {path}", exc)
+
+    def _say(self, what: str, exc: OSError):
+        if not self._failed:
+            self._failed = True
+            warn(f"{what}: {exc.strerror or exc} (the run goes on; said once)")
+
+
+class Publisher:
+    """What systemd and Prometheus see of the run (README "Running as a service"):
+    with a Notifier, READY=1 at start, STATUS= with the main counters, STOPPING=1
+    when input ends, and WATCHDOG=1 every watchdog seconds; with a MetricsFile,
+    the counters in it, and at the end the file removed (exit 0) or its last
+    version with the exit code.
+
+    No timer runs while the run is idle.  The counters are published at most
+    every PUBLISH_SECONDS while they change or lines wait to be sent; once a
+    look finds neither, the publisher sleeps until stdin gets something (an
+    edge-triggered epoll of its own on stdin, which the loop watches only
+    while it sleeps) or a receiver connects or goes away (wake()).  The
+    watchdog pings come from a loop timer, so they stop when the loop stops
+    turning.  Nothing of this touches the reader's or the sender's paths."""
+
+    def __init__(self, reporter: Reporter, counters: Counters, *, notifier: Notifier | None,
+                 metrics: MetricsFile | None, stdin_fd: int, watchdog: float | None):
+        self._reporter = reporter
+        self._counters = counters
+        self._notifier = notifier
+        self._metrics = metrics
+        self._stdin_fd = stdin_fd
+        self._watchdog = watchdog if notifier is not None else None
+        self._loop = asyncio.get_running_loop()
+        self._published: dict | None = None
+        self._published_at = -1e9
+        self._timer: asyncio.TimerHandle | None = None
+        self._ping: asyncio.TimerHandle | None = None
+        self._epoll = None
+        self._asleep = False
+        self._input_over = False
+
+    def start(self):
+        """Publish the counters, say READY=1, start the watchdog pings."""
+        self._epoll = self._watch_stdin()
+        figures = self._figures()
+        self._publish(figures, "READY=1\n")
+        if self._watchdog is not None:
+            self._on_watchdog()
+        self._schedule()
+
+    def wake(self):
+        """Something changed that stdin did not bring (a connection event):
+        publish soon, if asleep."""
+        if self._asleep:
+            self._end_sleep()
+            self._schedule()
+
+    def stopping(self, waiting: int, linger: float):
+        """Input ended: STOPPING=1, with how many events are still to be handed
+        over; stdin is watched no more (what it still holds is never read)."""
+        self._input_over = True
+        self._unwatch_stdin()
+        if self._notifier is not None:
+            self._notifier.send(f"STOPPING=1\nSTATUS=stopping: {waiting} events not yet "
+                                f"handed to ZeroMQ, lingering up to {linger:g} s")
+
+    def close(self, exit_code: int):
+        """The run is over: stop the timers and the watch; remove the metrics
+        file after exit 0, else write its last version with exit_code."""
+        for timer in (self._timer, self._ping):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._ping = None
+        self._unwatch_stdin()
+        if self._metrics is not None:
+            if exit_code == EXIT_OK:
+                self._metrics.remove()
+            else:
+                self._metrics.write(self._figures(), exit_code)
+        if self._notifier is not None:
+            self._notifier.close()
+
+    def _figures(self) -> dict:
+        figures = self._reporter.figures()
+        figures["refused_lines"] = self._counters.events_refused
+        return figures
+
+    def _publish(self, figures: dict, first: str = ""):
+        self._published, self._published_at = figures, time.monotonic()
+        if self._metrics is not None:
+            self._metrics.write(figures)
+        if self._notifier is not None:
+            self._notifier.send(first + "STATUS=" + self._status(figures))
+
+    @staticmethod
+    def _status(v: dict) -> str:
+        """One line for systemctl status: what was read, sent, queued, dropped, to whom."""
+        text = (f"{v['read']} read, {v['sent']} sent, {v['queued']} queued, "
+                f"{v['dropped']} dropped, {v['connected']} receivers connected")
+        if "spool_unsent_bytes" in v:
+            text += f", {v['spool_unsent_bytes']} bytes spooled unsent"
+        return text
+
+    def _schedule(self):
+        """Look again PUBLISH_SECONDS after the last publication, and at least
+        PUBLISH_FIRST_SECONDS from now."""
+        delay = max(PUBLISH_FIRST_SECONDS,
+                    self._published_at + PUBLISH_SECONDS - time.monotonic())
+        self._timer = self._loop.call_later(delay, self._look)
+
+    def _look(self):
+        """Publish if the counters changed; look again while they change or
+        something waits to be sent; else sleep until stdin gets something."""
+        self._timer = None
+        figures = self._figures()
+        if figures != self._published:
+            self._publish(figures)
+            self._schedule()
+        elif self._busy(figures):
+            self._schedule()
+        elif self._epoll is not None:
+            self._sleep()
+        elif not self._input_over:  # stdin cannot be polled (a regular file): read at once
+            self._schedule()
+
+    def _busy(self, figures: dict) -> bool:
+        return bool(self._counters.not_handed() > 0 or figures["queued"]
+                    or figures["transport_bytes"] or figures.get("spool_unsent_bytes"))
+
+    def _watch_stdin(self):
+        """An edge-triggered epoll of stdin for readability, or None if stdin
+        cannot be polled."""
+        epoll = select.epoll()
+        try:
+            epoll.register(self._stdin_fd, select.EPOLLIN | select.EPOLLET)
+        except OSError:
+            epoll.close()
+            return None
+        return epoll
+
+    def _unwatch_stdin(self):
+        if self._asleep:
+            self._end_sleep()
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
+
+    def _sleep(self):
+        """Let the loop watch stdin: the next bytes (or bytes there already) wake us."""
+        self._epoll.poll(0)  # an edge taken while awake is no news
+        self._epoll.modify(self._stdin_fd, select.EPOLLIN | select.EPOLLET)  # rearms if ready
+        self._loop.add_reader(self._epoll.fileno(), self._on_stdin)
+        self._asleep = True
+
+    def _end_sleep(self):
+        self._loop.remove_reader(self._epoll.fileno())
+        self._asleep = False
+
+    def _on_stdin(self):
+        self._epoll.poll(0)
+        self._end_sleep()
+        self._schedule()
+
+    def _on_watchdog(self):
+        self._notifier.send("WATCHDOG=1")
+        self._ping = self._loop.call_later(self._watchdog, self._on_watchdog)
+
+
+def service_publisher(config: Config, reporter: Reporter, counters: Counters,
+                      stdin_fd: int, environ) -> Publisher | None:
+    """A Publisher if systemd (NOTIFY_SOCKET) or --metrics-file asks for one, else None."""
+    notifier = Notifier.from_environment(environ)
+    metrics = None
+    if config.metrics_file:
+        pid = os.getpid()
+        labels = {"logtype": config.logtype.decode("utf-8"), "name": config.metrics_name}
+        if PID_PLACEHOLDER in config.metrics_file:
+            labels["pid"] = str(pid)
+        metrics = MetricsFile(metrics_path(config.metrics_file, pid), labels, time.time())
+    if notifier is None and metrics is None:
+        return None
+    return Publisher(reporter, counters, notifier=notifier, metrics=metrics,
+                     stdin_fd=stdin_fd, watchdog=watchdog_interval(environ, os.getpid()))
+
+
 class Shipper:
     """One run: stdin -> queue -> ZeroMQ, until EOF, a signal or a failure, then
     linger.  Owns the wiring of the parts, supervision, the linger, signals and
@@ -4193,6 +4585,7 @@ class Shipper:
         self._waiting: asyncio.TimerHandle | None = None
         self._replies: Replies | None = None
         self._spool: Spool | None = None
+        self._publisher: Publisher | None = None
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
@@ -4234,7 +4627,10 @@ class Shipper:
                                              bool(self._sender.buffered_bytes()), bool(handed))
         if self._spool is not None:
             self._spool.close(done=delivered and self._sent_everything())
-        return self._report(delivered)
+        code = self._report(delivered)
+        if self._publisher is not None:
+            self._publisher.close(code)
+        return code
 
     def _sent_everything(self) -> bool:
         """The sender finished, and no receiver went away after that (whose
@@ -4272,6 +4668,8 @@ class Shipper:
                                  spool, config.sndhwm)
         self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
+        self._publisher = service_publisher(config, self._reporter, self.counters,
+                                            self._stdin_fd, os.environ)
 
     def _stop_reading(self):
         self._reader.stop()
@@ -4281,6 +4679,8 @@ class Shipper:
             self._waiting.cancel()  # a timer left in the loop would still wake it
         if self._reporter is not None:
             self._reporter.say(f"receiver {what}", endpoint)
+        if self._publisher is not None:
+            self._publisher.wake()
 
     def _on_receiver_lost(self, endpoint: str):
         """Replay what may have been in flight to the receiver that went away."""
@@ -4324,10 +4724,14 @@ class Shipper:
             self._reader.stop()
         self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
                        self._supervise(sender, "sending")]
+        if self._publisher is not None:
+            self._publisher.start()
         ended = asyncio.get_running_loop().create_task(self._reader.ended.wait())
         await asyncio.wait([ended, self._failed, *self._tasks],
                            return_when=asyncio.FIRST_COMPLETED)
         self._deadline = time.monotonic() + self.config.linger
+        if self._publisher is not None:
+            self._publisher.stopping(self.counters.not_handed(), self.config.linger)
         self._reader.stop()
         try:
             await self._linger()
