@@ -3,10 +3,13 @@ STOPPING=1, WATCHDOG=1) received on a datagram socket the test binds, as systemd
 own is; the --metrics-file read with prometheus_client's parser; the unit files
 checked by systemd-analyze and their command lines run as systemd runs them."""
 import os
+import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -33,9 +36,11 @@ class NotifyReceiver:
             self._directory = tempfile.mkdtemp(prefix="zn", dir="/tmp")
             self.address = bound = os.path.join(self._directory, "notify")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self._sock.bind(bound)
         self._sock.settimeout(0.05)
         self.messages = []  # (monotonic time, text)
+        self.senders = []  # (text, the sender's pid as the kernel tells it)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -43,9 +48,13 @@ class NotifyReceiver:
     def _run(self):
         while not self._stop.is_set():
             try:
-                data = self._sock.recv(65536)
+                data, ancillary, _, _ = self._sock.recvmsg(65536, socket.CMSG_SPACE(12))
             except socket.timeout:
                 continue
+            pid = next((struct.unpack("3i", payload)[0] for level, kind, payload in ancillary
+                        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS),
+                       None)
+            self.senders.append((data.decode(), pid))
             self.messages.append((time.monotonic(), data.decode()))
 
     def texts(self) -> list:
@@ -371,3 +380,171 @@ def test_metrics_file_in_a_missing_directory_is_a_usage_error(tmp_path):
                           input=b"", capture_output=True, timeout=20)
     assert proc.returncode == 2
     assert b"--metrics-file" in proc.stderr and b"no directory" in proc.stderr
+
+
+# The README's unit files ("Running as a service"), as systemd reads them.
+UNIT_JOURNAL = """\
+[Unit]
+Description=Ship the systemd journal to Logstash (zmqpush)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=notify
+ExecStart=/bin/bash -c 'exec /usr/local/bin/zmqpush.py journal -c tcp://logstash.example:2120 --spool /var/lib/zmqpush/spool --metrics-file /var/lib/prometheus/node-exporter/zmqpush-journal.prom < <(exec journalctl -o json -f --cursor-file=/var/lib/zmqpush/journal.cursor)'
+ExecStop=/bin/sh -c 'pkill -TERM -P "$$MAINPID" -x journalctl; while kill -0 "$$MAINPID" 2>/dev/null; do sleep 0.2; done'
+StateDirectory=zmqpush
+Restart=on-failure
+RestartPreventExitStatus=2
+RestartSec=5
+WatchdogSec=30
+TimeoutStopSec=30
+
+[Install]
+WantedBy=multi-user.target
+"""  # noqa: E501
+
+UNIT_PIPELINE = """\
+[Unit]
+Description=Ship the systemd journal to Logstash (zmqpush, in a pipeline)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=notify
+NotifyAccess=all
+ExecStart=/bin/sh -c 'unset WATCHDOG_PID; journalctl -o json -f --cursor-file=/var/lib/zmqpush/journal.cursor | /usr/local/bin/zmqpush.py journal -c tcp://logstash.example:2120 --spool /var/lib/zmqpush/spool'
+StateDirectory=zmqpush
+Restart=on-failure
+RestartPreventExitStatus=2
+RestartSec=5
+WatchdogSec=30
+
+[Install]
+WantedBy=multi-user.target
+"""  # noqa: E501
+
+# A stand-in for `journalctl -o json -f --cursor-file=FILE`, named journalctl (so
+# pkill -x finds it): writes its pid beside FILE and some entries, then waits;
+# SIGTERM makes it write FILE and exit, as journalctl does.
+FAKE_JOURNALCTL = f"""#!{sys.executable}
+import json, os, signal, sys
+cursor = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--cursor-file=")][0]
+with open(os.path.join(os.path.dirname(cursor), "journalctl.pid"), "w") as f:
+    f.write(str(os.getpid()))
+count = int(os.environ["FAKE_JOURNAL_ENTRIES"])
+for n in range(count):
+    sys.stdout.write(json.dumps({{"MESSAGE": "entry %d" % n, "__CURSOR": "c%d" % n}}) + "\\n")
+sys.stdout.flush()
+def stop(signum, frame):
+    with open(cursor, "w") as f:
+        f.write("c%d" % (count - 1))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    signal.pause()
+"""
+
+
+def unit_command(unit: str, key: str, places: dict) -> list:
+    """The argv of a unit's ExecStart= or ExecStop= as systemd runs it ($$ is $),
+    with the unit's paths and endpoint replaced by the test's."""
+    (line,) = [line for line in unit.splitlines() if line.startswith(key + "=")]
+    text = line.split("=", 1)[1].replace("$$", "$")
+    for old, new in places.items():
+        text = text.replace(old, new)
+    return shlex.split(text)
+
+
+@pytest.fixture
+def unit_places(tmp_path, receiver):
+    """The test's stand-ins for the units' paths, a fake journalctl first on PATH."""
+    bin_dir, state, textfile = tmp_path / "bin", tmp_path / "state", tmp_path / "textfile"
+    for directory in (bin_dir, state, textfile):
+        directory.mkdir()
+    fake = bin_dir / "journalctl"
+    fake.write_text(FAKE_JOURNALCTL)
+    fake.chmod(0o755)
+    return {"/usr/local/bin/zmqpush.py": ZMQPUSH,
+            "tcp://logstash.example:2120": receiver.endpoint,
+            "/var/lib/zmqpush": str(state),
+            "/var/lib/prometheus/node-exporter": str(textfile),
+            "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def start_as_systemd(argv: list, environment: dict) -> subprocess.Popen:
+    """argv started as systemd starts a service's main process: WATCHDOG_PID is
+    the pid of the process that execs argv."""
+    return subprocess.Popen(["/bin/sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh", *argv],
+                            env={**os.environ, **environment}, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("unit", [UNIT_JOURNAL, UNIT_PIPELINE], ids=["journal", "pipeline"])
+def test_unit_files_pass_systemd_analyze_verify(unit, tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("no systemd-analyze here")
+    path = tmp_path / "zmqpush-journal.service"
+    path.write_text(unit)
+    check = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stderr
+    assert str(path) not in check.stderr.decode(), check.stderr  # no line about it
+
+
+def test_journal_unit_runs_zmqpush_as_its_main_process_and_stops_without_loss(
+        receiver, notify, unit_places, tmp_path):
+    """zmqpush is the main process (NotifyAccess=main is enough, WATCHDOG_PID is
+    its own); ExecStop ends journalctl first, which writes its cursor, and
+    zmqpush delivers all it read, removes its metrics file and exits 0."""
+    environment = {"NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": "400000",
+                   "FAKE_JOURNAL_ENTRIES": "50", "PATH": unit_places["PATH"]}
+    main = start_as_systemd(unit_command(UNIT_JOURNAL, "ExecStart", unit_places),
+                            environment)
+    stop = None
+    try:
+        ready = notify.wait_for(lambda text: text.startswith("READY=1\n"))
+        assert ready, notify.texts()
+        assert (ready, main.pid) in notify.senders
+        assert receiver.wait_for(50, 10) == 50
+        assert notify.wait_for(lambda text: text == "WATCHDOG=1", 2)
+        assert all(pid == main.pid for _, pid in notify.senders)
+        metrics = tmp_path / "textfile" / "zmqpush-journal.prom"
+        assert metric_value(read_metrics(metrics, predicate=sent(50)),
+                            "zmqpush_events_sent_total") == 50
+        stop = subprocess.Popen(unit_command(UNIT_JOURNAL, "ExecStop", unit_places),
+                                env={**os.environ, "MAINPID": str(main.pid)})
+        assert main.wait(20) == 0, main.stderr.read()
+        assert stop.wait(10) == 0
+    finally:
+        stop_process(main)
+        if stop is not None:
+            stop_process(stop)
+    assert receiver.messages()[0] == '{"MESSAGE": "entry 0", "__CURSOR": "c0"}'
+    assert (tmp_path / "state" / "journal.cursor").read_text() == "c49"
+    assert not metrics.exists()
+    assert notify.wait_for(lambda text: text.startswith("STOPPING=1\n"), 2)
+
+
+@pytest.mark.parametrize("unset", [True, False], ids=["as-written", "without-unset"])
+def test_pipeline_unit_needs_notify_access_all_and_unset_watchdog_pid(
+        receiver, notify, unit_places, tmp_path, unset):
+    """In `sh -c 'journalctl | zmqpush.py'` the main process is the shell: the
+    messages come from another pid (NotifyAccess=all), and the WATCHDOG_PID systemd
+    sets is the shell's, so zmqpush pings only once the unit unsets it."""
+    unit = UNIT_PIPELINE if unset else UNIT_PIPELINE.replace("unset WATCHDOG_PID; ", "")
+    main = start_as_systemd(unit_command(unit, "ExecStart", unit_places),
+                            {"NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": "400000",
+                             "FAKE_JOURNAL_ENTRIES": "5", "PATH": unit_places["PATH"]})
+    try:
+        ready = notify.wait_for(lambda text: text.startswith("READY=1\n"))
+        assert ready, notify.texts()
+        assert receiver.wait_for(5, 10) == 5
+        time.sleep(1.0)
+        senders = {pid for _, pid in notify.senders}
+        assert len(senders) == 1 and main.pid not in senders
+        assert bool(notify.pings()) == unset
+        journalctl = int((tmp_path / "state" / "journalctl.pid").read_text())
+        os.kill(journalctl, signal.SIGTERM)
+        assert main.wait(20) == 0, main.stderr.read()
+    finally:
+        stop_process(main)
