@@ -4218,11 +4218,15 @@ class Notifier:
         self._failed = False
 
     @classmethod
-    def from_environment(cls, environ) -> Notifier | None:
-        """A Notifier for NOTIFY_SOCKET, or None if it is unset or empty (or not a
-        path or @name, which is said once)."""
+    def from_environment(cls, environ, pid: int) -> Notifier | None:
+        """A Notifier for NOTIFY_SOCKET, or None if it is unset or empty, not a
+        path or @name (said once), or not meant for zmqpush: SYSTEMD_EXEC_PID,
+        which systemd sets to the pid of the process it started, names another
+        process.  That process inherited NOTIFY_SOCKET and passed it on, as
+        rsyslogd does to its omprog programs: the unit's messages are its own."""
         address = environ.get("NOTIFY_SOCKET", "")
-        if not address:
+        started = environ.get("SYSTEMD_EXEC_PID")
+        if not address or (started is not None and started.strip() != str(pid)):
             return None
         if not address.startswith(("/", "@")) or len(address) < 2:
             warn(f"NOTIFY_SOCKET={address!r} is neither an AF_UNIX socket path nor "
@@ -4538,10 +4542,10 @@ class Publisher:
 def service_publisher(config: Config, reporter: Reporter, counters: Counters,
                       stdin_fd: int, environ) -> Publisher | None:
     """A Publisher if systemd (NOTIFY_SOCKET) or --metrics-file asks for one, else None."""
-    notifier = Notifier.from_environment(environ)
+    pid = os.getpid()
+    notifier = Notifier.from_environment(environ, pid)
     metrics = None
     if config.metrics_file:
-        pid = os.getpid()
         labels = {"logtype": config.logtype.decode("utf-8"), "name": config.metrics_name}
         if PID_PLACEHOLDER in config.metrics_file:
             labels["pid"] = str(pid)
@@ -4549,7 +4553,7 @@ def service_publisher(config: Config, reporter: Reporter, counters: Counters,
     if notifier is None and metrics is None:
         return None
     return Publisher(reporter, counters, notifier=notifier, metrics=metrics,
-                     stdin_fd=stdin_fd, watchdog=watchdog_interval(environ, os.getpid()))
+                     stdin_fd=stdin_fd, watchdog=watchdog_interval(environ, pid))
 
 
 class Shipper:
