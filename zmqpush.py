@@ -108,8 +108,8 @@ SPOOL_REPLAY_BYTES = 64 << 20
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
 
-# Counters go to systemd (STATUS=) and to --metrics-file at most this often, and
-# only while they change or lines wait to be sent (README "Running as a service");
+# Counters go to systemd (STATUS=) and to --metrics-file at most this often, and only
+# while they change or lines wait for a connected receiver (README "Running as a service");
 # the first time after an idle spell at least this long after the line that ended it.
 PUBLISH_SECONDS = 2.0
 PUBLISH_FIRST_SECONDS = 0.5
@@ -4388,10 +4388,11 @@ class Publisher:
     version with the exit code.
 
     No timer runs while the run is idle.  The counters are published at most
-    every PUBLISH_SECONDS while they change or lines wait to be sent; once a
-    look finds neither, the publisher sleeps until stdin gets something (an
-    edge-triggered epoll of its own on stdin, which the loop watches only
-    while it sleeps) or a receiver connects or goes away (wake()).  The
+    every PUBLISH_SECONDS while they change, or while lines wait for a receiver
+    that is connected; once a look finds neither, the publisher sleeps until
+    stdin gets something (an edge-triggered epoll of its own on stdin, which
+    the loop watches only while it sleeps) or a receiver connects or goes away
+    (wake()).  The
     watchdog pings come from a loop timer, so they stop when the loop stops
     turning.  Nothing of this touches the reader's or the sender's paths."""
 
@@ -4497,8 +4498,11 @@ class Publisher:
             self._schedule()
 
     def _busy(self, figures: dict) -> bool:
-        return bool(self._counters.not_handed() > 0 or figures["queued"]
-                    or figures["transport_bytes"] or figures.get("spool_unsent_bytes"))
+        """A receiver is connected and lines wait: it may take them any moment
+        (with none connected, the next connection event wakes the publisher)."""
+        return bool(self._counters.connected) and bool(
+            self._counters.not_handed() > 0 or figures["queued"]
+            or figures["transport_bytes"] or figures.get("spool_unsent_bytes"))
 
     def _watch_stdin(self):
         """An edge-triggered epoll of stdin for readability, or None if stdin

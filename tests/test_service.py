@@ -21,7 +21,7 @@ from rsyslog import PrivateRsyslog, available
 from test_rsyslog import binary, omprog, wait_children
 from test_shipping import main_thread_switches
 
-from conftest import ZMQPUSH, free_port, start, stop_process
+from conftest import ZMQPUSH, Receiver, free_port, start, stop_process
 
 
 @pytest.fixture(autouse=True)
@@ -226,6 +226,33 @@ def test_idle_with_notify_and_metrics_file_the_main_thread_never_wakes(receiver,
         assert proc.wait(10) == 0
     finally:
         stop_process(proc)
+
+
+def test_idle_with_the_receiver_down_the_publisher_sleeps_until_one_connects(notify,
+                                                                             tmp_path):
+    """Lines wait, but with no receiver nothing can change them: no look at the
+    counters until the connection event, which wakes the publisher."""
+    port = free_port()
+    metrics = tmp_path / "zmqpush.prom"
+    proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--metrics-file", str(metrics)],
+                 env={"NOTIFY_SOCKET": notify.address})
+    receiver = None
+    try:
+        proc.stdin.write(b"one line, no receiver\n")
+        proc.stdin.flush()
+        assert notify.wait_for(status_with("1 read, 0 sent"))
+        time.sleep(3.0)  # start-up, the one-time notice, the last look
+        assert wait_idle(proc) == 0
+        receiver = Receiver(port)
+        assert receiver.wait_for(1, 10) == 1
+        assert notify.wait_for(status_with("1 read, 1 sent", "1 receivers connected"))
+        assert metric_value(read_metrics(metrics), "zmqpush_events_sent_total") == 1
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+    finally:
+        stop_process(proc)
+        if receiver is not None:
+            receiver.stop()
 
 
 def test_idle_with_the_watchdog_on_only_its_pings_wake_the_main_thread(receiver, notify,
