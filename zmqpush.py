@@ -115,6 +115,10 @@ PUBLISH_SECONDS = 2.0
 PUBLISH_FIRST_SECONDS = 0.5
 # The placeholder of --metrics-file for zmqpush's process id.
 PID_PLACEHOLDER = "{pid}"
+# --metrics-listen: /healthz fails once events waited this long with none sent
+# (?stall=SECONDS says otherwise); a request must come whole within HTTP_TIMEOUT.
+DEFAULT_STALL_SECONDS = 60.0
+HTTP_TIMEOUT = 5.0
 
 
 # ---------------------------------------------------------------- options --
@@ -227,6 +231,7 @@ class Config(NamedTuple):
     coalesce: float = DEFAULT_COALESCE  # the read window in seconds; 0 with --confirm
     metrics_file: str | None = None  # --metrics-file PATH, its {pid} not yet replaced
     metrics_name: str = ""  # the "name" label of the metrics
+    metrics_listen: tuple | None = None  # (host, port) of --metrics-listen
 
 
 class _Parser(argparse.ArgumentParser):
@@ -427,8 +432,12 @@ def _reporting_options(g):
                    "(node_exporter's textfile collector), at most every "
                    f"{PUBLISH_SECONDS:g} s while they change; removed at exit 0; "
                    f"{PID_PLACEHOLDER} in PATH: the process id (also a label then)")
+    g.add_argument("--metrics-listen", type=_listen_address, metavar="HOST:PORT",
+                   help="serve GET /metrics (the same text) and GET /healthz (503 once "
+                   f"events waited {DEFAULT_STALL_SECONDS:g} s, or ?stall=SECONDS, with "
+                   "none sent) over HTTP on HOST:PORT")
     g.add_argument("--metrics-name", metavar="NAME",
-                   help='--metrics-file: the "name" label of every metric (default: none)')
+                   help='the "name" label of every metric (default: none)')
 
 
 def _rsyslog_options(g):
@@ -459,6 +468,19 @@ def _security_options(g):
     g.add_argument("--make-cert", action=_MakeCertAction, metavar="PATH",
                    help="write a new key pair to PATH.key (public) and PATH.key_secret "
                    "(mode 600), print the public key, and exit (no environment twin)")
+
+
+def _listen_address(text: str) -> tuple:
+    """--metrics-listen: HOST:PORT or [IPV6]:PORT, as (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(text)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+_listen_address.__name__ = "HOST:PORT"
 
 
 def _spool_sync(text: str) -> float:
@@ -658,6 +680,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
             DEFAULT_COALESCE if opt["coalesce"] is None else opt["coalesce"]),
         metrics_file=check_metrics_file(opt["metrics_file"]),
         metrics_name=utf8(opt["metrics_name"] or "", "--metrics-name").decode("utf-8"),
+        metrics_listen=opt["metrics_listen"],
     )
 
 
@@ -4317,37 +4340,19 @@ def _label_value(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-class MetricsFile:
-    """The counters in Prometheus' text exposition format (0.0.4), for
-    node_exporter's textfile collector: each version written whole to a hidden
-    temporary file beside PATH and renamed over it, so a reader finds the
-    previous version or the new one, never a part.  Every sample has the
-    labels given (logtype, the instance's name, the pid).  A write or removal
-    that fails is said once on stderr; the run goes on."""
+class Exposition:
+    """The counters in Prometheus' text exposition format (0.0.4), every sample
+    with the labels given (logtype, the instance's name, the pid) whose value
+    is not empty."""
 
-    def __init__(self, path: str, labels: dict, started: float):
-        self.path = path
-        directory, base = os.path.split(path)
-        self._temporary = os.path.join(directory, f".{base}.{os.getpid()}.tmp")
-        self._labels = "{" + ",".join(f'{key}="{_label_value(value)}"'
-                                      for key, value in labels.items() if value) + "}"
+    def __init__(self, labels: dict, started: float):
+        pairs = [f'{key}="{_label_value(value)}"' for key, value in labels.items() if value]
+        self._labels = "{" + ",".join(pairs) + "}" if pairs else ""
         self._started = started
-        self._failed = False
-
-    def write(self, figures: dict, exit_code: int | None = None):
-        """Replace the file by one with figures, the start time and now (and
-        exit_code, when the run ended with one that is not 0)."""
-        try:
-            with open(self._temporary, "w", encoding="utf-8") as f:
-                f.write(self.text(figures, time.time(), exit_code))
-            os.replace(self._temporary, self.path)
-        except OSError as exc:
-            self._say(f"cannot write --metrics-file {self.path}", exc)
-            self._discard(self._temporary)
 
     def text(self, figures: dict, now: float, exit_code: int | None = None) -> str:
-        """The exposition: # HELP, # TYPE and one sample for each metric."""
-        labels = self._labels if self._labels != "{}" else ""
+        """# HELP, # TYPE and one sample for each metric; exit_code's only if given."""
+        labels = self._labels
         metrics = METRICS + (SPOOL_METRICS if "spool_bytes" in figures else ())
         values = [(name, kind, text, figures[key]) for name, kind, text, key in metrics]
         values += [
@@ -4361,6 +4366,32 @@ class MetricsFile:
                            exit_code))
         return "".join(f"# HELP {name} {text}\n# TYPE {name} {kind}\n{name}{labels} {value}\n"
                        for name, kind, text, value in values)
+
+
+class MetricsFile:
+    """--metrics-file, for node_exporter's textfile collector: each version of
+    the exposition written whole to a hidden temporary file beside PATH and
+    renamed over it, so a reader finds the previous version or the new one,
+    never a part.  A write or removal that fails is said once on stderr; the
+    run goes on."""
+
+    def __init__(self, path: str, exposition: Exposition):
+        self.path = path
+        directory, base = os.path.split(path)
+        self._temporary = os.path.join(directory, f".{base}.{os.getpid()}.tmp")
+        self._exposition = exposition
+        self._failed = False
+
+    def write(self, figures: dict, exit_code: int | None = None):
+        """Replace the file by one with figures, the start time and now (and
+        exit_code, when the run ended with one that is not 0)."""
+        try:
+            with open(self._temporary, "w", encoding="utf-8") as f:
+                f.write(self._exposition.text(figures, time.time(), exit_code))
+            os.replace(self._temporary, self.path)
+        except OSError as exc:
+            self._say(f"cannot write --metrics-file {self.path}", exc)
+            self._discard(self._temporary)
 
     def remove(self):
         """Remove the file (a run that ended cleanly leaves none)."""
@@ -4397,8 +4428,14 @@ class Publisher:
     turning.  Nothing of this touches the reader's or the sender's paths."""
 
     def __init__(self, reporter: Reporter, counters: Counters, *, notifier: Notifier | None,
-                 metrics: MetricsFile | None, stdin_fd: int, watchdog: float | None):
+                 metrics: MetricsFile | None, stdin_fd: int, watchdog: float | None,
+                 listening: socket.socket | None = None,
+                 exposition: Exposition | None = None):
         self._reporter = reporter
+        self._listening = listening
+        self._exposition = exposition
+        self._server: asyncio.AbstractServer | None = None
+        self._progress = (-1, 0.0)  # events sent when last seen moving, and when
         self._counters = counters
         self._notifier = notifier
         self._metrics = metrics
@@ -4413,8 +4450,11 @@ class Publisher:
         self._asleep = False
         self._input_over = False
 
-    def start(self):
-        """Publish the counters, say READY=1, start the watchdog pings."""
+    async def start(self):
+        """Serve --metrics-listen, publish the counters, say READY=1, start the
+        watchdog pings."""
+        if self._listening is not None:
+            self._server = await asyncio.start_server(self._on_request, sock=self._listening)
         self._epoll = self._watch_stdin()
         figures = self._figures()
         self._publish(figures, "READY=1\n")
@@ -4446,6 +4486,8 @@ class Publisher:
                 timer.cancel()
         self._timer = self._ping = None
         self._unwatch_stdin()
+        if self._server is not None:
+            self._server.close()
         if self._metrics is not None:
             if exit_code == EXIT_OK:
                 self._metrics.remove()
@@ -4487,6 +4529,7 @@ class Publisher:
         something waits to be sent; else sleep until stdin gets something."""
         self._timer = None
         figures = self._figures()
+        self.stalled_seconds(figures)
         if figures != self._published:
             self._publish(figures)
             self._schedule()
@@ -4538,26 +4581,105 @@ class Publisher:
         self._end_sleep()
         self._schedule()
 
+    def stalled_seconds(self, figures: dict) -> float:
+        """How long events have waited with none sent, as far as the looks and
+        requests so far saw (0 while nothing waits or events go out)."""
+        now = time.monotonic()
+        waiting = self._counters.not_handed() > 0 or figures["queued"] \
+            or figures["transport_bytes"] or figures.get("spool_unsent_bytes")
+        if not waiting or figures["sent"] != self._progress[0]:
+            self._progress = (figures["sent"], now)
+            return 0.0
+        return now - self._progress[1]
+
+    async def _on_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        """One HTTP/1.0-style exchange: GET /metrics, GET /healthz[?stall=SECONDS]."""
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HTTP_TIMEOUT)
+            status, body, kind = self._answer(request.split(b"\r\n", 1)[0])
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                         .encode() + body)
+            await asyncio.wait_for(writer.drain(), HTTP_TIMEOUT)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                OSError):
+            pass
+        finally:
+            writer.close()
+
+    def _answer(self, line: bytes) -> tuple:
+        """(status, body, content type) for a request line."""
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or parts[0] != "GET":
+            return "405 Method Not Allowed", b"GET only\n", "text/plain"
+        path, _, query = parts[1].partition("?")
+        figures = self._figures()
+        stalled = self.stalled_seconds(figures)
+        if path == "/metrics":
+            return ("200 OK", self._exposition.text(figures, time.time()).encode(),
+                    "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/healthz":
+            limit = _stall_limit(query)
+            if limit is None:
+                return "400 Bad Request", b"stall=SECONDS, a number\n", "text/plain"
+            if stalled > limit:
+                return ("503 Service Unavailable",
+                        f"stalled: events wait, none sent for {stalled:.0f} s\n".encode(),
+                        "text/plain")
+            return "200 OK", b"ok\n", "text/plain"
+        return "404 Not Found", b"/metrics or /healthz\n", "text/plain"
+
     def _on_watchdog(self):
         self._notifier.send("WATCHDOG=1")
         self._ping = self._loop.call_later(self._watchdog, self._on_watchdog)
 
 
+def _stall_limit(query: str) -> float | None:
+    """/healthz's stall=SECONDS (default DEFAULT_STALL_SECONDS), None if malformed."""
+    values = [v for k, _, v in (p.partition("=") for p in query.split("&") if p)
+              if k == "stall"]
+    try:
+        limit = float(values[-1]) if values else DEFAULT_STALL_SECONDS
+    except ValueError:
+        return None
+    return limit if limit >= 0 else None
+
+
+def listen_socket(address: tuple) -> socket.socket:
+    """A TCP socket bound to --metrics-listen's (host, port) and listening; OSError if not."""
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(16)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def service_publisher(config: Config, reporter: Reporter, counters: Counters,
-                      stdin_fd: int, environ) -> Publisher | None:
-    """A Publisher if systemd (NOTIFY_SOCKET) or --metrics-file asks for one, else None."""
+                      stdin_fd: int, environ, *,
+                      listening: socket.socket | None = None) -> Publisher | None:
+    """A Publisher if systemd (NOTIFY_SOCKET), --metrics-file or --metrics-listen
+    (listening: its bound socket) asks for one, else None."""
     pid = os.getpid()
     notifier = Notifier.from_environment(environ, pid)
+    labels = {"logtype": config.logtype.decode("utf-8"), "name": config.metrics_name}
+    started = time.time()
     metrics = None
     if config.metrics_file:
-        labels = {"logtype": config.logtype.decode("utf-8"), "name": config.metrics_name}
-        if PID_PLACEHOLDER in config.metrics_file:
-            labels["pid"] = str(pid)
-        metrics = MetricsFile(metrics_path(config.metrics_file, pid), labels, time.time())
-    if notifier is None and metrics is None:
+        pid_label = {"pid": str(pid)} if PID_PLACEHOLDER in config.metrics_file else {}
+        metrics = MetricsFile(metrics_path(config.metrics_file, pid),
+                              Exposition({**labels, **pid_label}, started))
+    if notifier is None and metrics is None and listening is None:
         return None
     return Publisher(reporter, counters, notifier=notifier, metrics=metrics,
-                     stdin_fd=stdin_fd, watchdog=watchdog_interval(environ, pid))
+                     stdin_fd=stdin_fd, watchdog=watchdog_interval(environ, pid),
+                     listening=listening, exposition=Exposition(labels, started))
 
 
 class Shipper:
@@ -4594,10 +4716,18 @@ class Shipper:
         self._replies: Replies | None = None
         self._spool: Spool | None = None
         self._publisher: Publisher | None = None
+        self._listening: socket.socket | None = None
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
         config = self.config
+        if config.metrics_listen is not None:
+            try:
+                self._listening = listen_socket(config.metrics_listen)
+            except OSError as exc:
+                warn(f"cannot listen on --metrics-listen {config.metrics_listen[0]}:"
+                     f"{config.metrics_listen[1]}: {exc.strerror or exc}")
+                return EXIT_ERROR
         if config.spool:
             try:
                 self._spool = Spool(config.spool, config.spool_bytes, config.spool_sync,
@@ -4677,7 +4807,8 @@ class Shipper:
         self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
         self._publisher = service_publisher(config, self._reporter, self.counters,
-                                            self._stdin_fd, os.environ)
+                                            self._stdin_fd, os.environ,
+                                            listening=self._listening)
 
     def _stop_reading(self):
         self._reader.stop()
@@ -4733,7 +4864,7 @@ class Shipper:
         self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
                        self._supervise(sender, "sending")]
         if self._publisher is not None:
-            self._publisher.start()
+            await self._publisher.start()
         ended = asyncio.get_running_loop().create_task(self._reader.ended.wait())
         await asyncio.wait([ended, self._failed, *self._tasks],
                            return_when=asyncio.FIRST_COMPLETED)

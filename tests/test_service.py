@@ -2,6 +2,7 @@
 STOPPING=1, WATCHDOG=1) received on a datagram socket the test binds, as systemd's
 own is; the --metrics-file read with prometheus_client's parser; the unit files
 checked by systemd-analyze and their command lines run as systemd runs them."""
+import http.client
 import os
 import shlex
 import shutil
@@ -208,7 +209,8 @@ def wait_idle(proc, seconds: float = 3.0) -> int:
 def test_idle_with_notify_and_metrics_file_the_main_thread_never_wakes(receiver, notify,
                                                                         tmp_path):
     metrics = tmp_path / "zmqpush.prom"
-    proc = start(["-q", "-c", receiver.endpoint, "--metrics-file", str(metrics)],
+    proc = start(["-q", "-c", receiver.endpoint, "--metrics-file", str(metrics),
+                  "--metrics-listen", f"127.0.0.1:{free_port()}"],
                  env={"NOTIFY_SOCKET": notify.address})
     try:
         proc.stdin.write(b"one line, then silence\n")
@@ -616,3 +618,80 @@ def test_under_rsyslog_started_by_systemd_zmqpush_leaves_rsyslogs_notify_socket_
         assert notify.senders == [("READY=1", rs.proc.pid)]  # rsyslogd's, and no other
     finally:
         rs.stop()
+
+
+def http_get(port: int, path: str, method: str = "GET", timeout: float = 10.0) -> tuple:
+    """(status, body) of one request to 127.0.0.1:port, retried until it listens."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request(method, path)
+            response = connection.getresponse()
+            answer = response.status, response.read().decode()
+            connection.close()
+            return answer
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, f"nothing listens on {port}"
+            time.sleep(0.05)
+
+
+def test_metrics_listen_serves_the_metrics_and_a_health_check(receiver):
+    port = free_port()
+    proc = start(["-c", receiver.endpoint, "--metrics-listen", f"127.0.0.1:{port}",
+                  "--metrics-name", "web1", "app"])
+    try:
+        proc.stdin.write(b"one\ntwo\n")
+        proc.stdin.flush()
+        assert receiver.wait_for(2, 10) == 2
+        status, body = http_get(port, "/metrics")
+        assert status == 200
+        families = {f.name: f for f in text_string_to_metric_families(body)}
+        assert metric_value(families, "zmqpush_events_sent_total") == 2
+        assert families["zmqpush_events_sent"].samples[0].labels == {"logtype": "app",
+                                                                    "name": "web1"}
+        assert http_get(port, "/healthz") == (200, "ok\n")
+        assert http_get(port, "/elsewhere")[0] == 404
+        assert http_get(port, "/metrics", method="POST")[0] == 405
+        assert http_get(port, "/healthz?stall=soon")[0] == 400
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+    finally:
+        stop_process(proc)
+
+
+def test_healthz_fails_once_lines_waited_longer_than_stated_with_none_sent():
+    port, listen = free_port(), free_port()
+    proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--metrics-listen",
+                  f"127.0.0.1:{listen}"])
+    receiver = None
+    try:
+        assert http_get(listen, "/healthz?stall=1") == (200, "ok\n")
+        proc.stdin.write(b"waits for a receiver\n")
+        proc.stdin.flush()
+        time.sleep(3.0)
+        status, body = http_get(listen, "/healthz?stall=1")
+        assert status == 503 and body.startswith("stalled: events wait, none sent for ")
+        assert http_get(listen, "/healthz") == (200, "ok\n")  # 60 s by default
+        receiver = Receiver(port)
+        assert receiver.wait_for(1, 10) == 1
+        assert http_get(listen, "/healthz?stall=1") == (200, "ok\n")
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+    finally:
+        stop_process(proc)
+        if receiver is not None:
+            receiver.stop()
+
+
+def test_metrics_listen_on_an_address_in_use_is_a_runtime_error(receiver):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = subprocess.run([ZMQPUSH, "-c", receiver.endpoint, "--metrics-listen",
+                               f"127.0.0.1:{port}"], input=b"x\n", capture_output=True,
+                              timeout=20)
+    assert proc.returncode == 1
+    assert f"zmqpush: cannot listen on --metrics-listen 127.0.0.1:{port}: ".encode() \
+        in proc.stderr
