@@ -166,7 +166,8 @@ Every option can also be set by an environment variable ZMQPUSH_<OPTION>
 
 exit codes:
   0    every line read was handed to ZeroMQ and delivered within --linger
-  1    runtime error: the bind address is in use, or reading or sending failed
+  1    runtime error: the bind or --metrics-listen address is in use, or
+       reading or sending failed
        (one line names the cause; what was read is still delivered if it can be)
   2    usage error: bad option, value or endpoint, an argument that is not
        UTF-8, or a --spool directory that cannot be used or is in use
