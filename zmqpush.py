@@ -112,6 +112,19 @@ SPOOL_REPLAY_BYTES = 64 << 20
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
 
+# Counters go to systemd (STATUS=) and to --metrics-file at most this often, and only
+# while they change or lines wait for a connected receiver (README "Running as a service");
+# the first time after an idle spell at least this long after the line that ended it.
+PUBLISH_SECONDS = 2.0
+PUBLISH_FIRST_SECONDS = 0.5
+# The placeholder of --metrics-file for zmqpush's process id.
+PID_PLACEHOLDER = "{pid}"
+# --metrics-listen: /healthz fails once events waited this long with none sent
+# (?stall=SECONDS says otherwise); a request must come whole within HTTP_TIMEOUT.
+DEFAULT_STALL_SECONDS = 60.0
+HTTP_TIMEOUT = 5.0
+
+
 # ---------------------------------------------------------------- options --
 # Owns the command line, its ZMQPUSH_* environment twins and their validation.
 
@@ -157,7 +170,8 @@ Every option can also be set by an environment variable ZMQPUSH_<OPTION>
 
 exit codes:
   0    every line read was handed to ZeroMQ and delivered within --linger
-  1    runtime error: the bind address is in use, or reading or sending failed
+  1    runtime error: the bind or --metrics-listen address is in use, or
+       reading or sending failed
        (one line names the cause; what was read is still delivered if it can be)
   2    usage error: bad option, value or endpoint, an argument that is not
        UTF-8, or a --spool directory that cannot be used or is in use
@@ -220,6 +234,9 @@ class Config(NamedTuple):
     spool_bytes: int = DEFAULT_SPOOL_BYTES
     spool_sync: float = DEFAULT_SPOOL_SYNC  # 0: every write, inf: never
     coalesce: float = DEFAULT_COALESCE  # the read window in seconds; 0 with --confirm
+    metrics_file: str | None = None  # --metrics-file PATH, its {pid} not yet replaced
+    metrics_name: str = ""  # the "name" label of the metrics
+    metrics_listen: tuple | None = None  # (host, port) of --metrics-listen
 
 
 class _Parser(argparse.ArgumentParser):
@@ -416,6 +433,17 @@ def _reporting_options(g):
     g.add_argument("-q", "--quiet", action="store_true", default=None,
                    help="no connection events; errors, the closing line and what "
                    "you asked for (--stats, SIGUSR1) still print")
+    g.add_argument("--metrics-file", type=_directory, metavar="PATH",
+                   help="write the counters to PATH in the Prometheus text format "
+                   "(node_exporter's textfile collector), at most every "
+                   f"{PUBLISH_SECONDS:g} s while they change; removed at exit 0; "
+                   f"{PID_PLACEHOLDER} in PATH: the process id (also a label then)")
+    g.add_argument("--metrics-listen", type=_listen_address, metavar="HOST:PORT",
+                   help="serve GET /metrics (the same text) and GET /healthz (503 once "
+                   f"events waited {DEFAULT_STALL_SECONDS:g} s, or ?stall=SECONDS, with "
+                   "none sent) over HTTP on HOST:PORT")
+    g.add_argument("--metrics-name", metavar="NAME",
+                   help='the "name" label of every metric (default: none)')
 
 
 def _rsyslog_options(g):
@@ -446,6 +474,19 @@ def _security_options(g):
     g.add_argument("--make-cert", action=_MakeCertAction, metavar="PATH",
                    help="write a new key pair to PATH.key (public) and PATH.key_secret "
                    "(mode 600), print the public key, and exit (no environment twin)")
+
+
+def _listen_address(text: str) -> tuple:
+    """--metrics-listen: HOST:PORT or [IPV6]:PORT, as (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(text)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+_listen_address.__name__ = "HOST:PORT"
 
 
 def _spool_sync(text: str) -> float:
@@ -644,7 +685,23 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         spool_sync=DEFAULT_SPOOL_SYNC if opt["spool_sync"] is None else opt["spool_sync"],
         coalesce=0.0 if opt["confirm"] else (
             DEFAULT_COALESCE if opt["coalesce"] is None else opt["coalesce"]),
+        metrics_file=check_metrics_file(opt["metrics_file"]),
+        metrics_name=utf8(opt["metrics_name"] or "", "--metrics-name").decode("utf-8"),
+        metrics_listen=opt["metrics_listen"],
     )
+
+
+def check_metrics_file(path: str | None) -> str | None:
+    """path if its directory exists (and it is valid UTF-8), else UsageError."""
+    if path is None:
+        return None
+    utf8(path, "--metrics-file")
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        raise UsageError(f"--metrics-file {path!r}: no directory {directory!r}")
+    if not os.path.basename(path):
+        raise UsageError(f"--metrics-file {path!r} names a directory, not a file")
+    return path
 
 
 def replay_default(opt: dict, spool_bytes: int) -> int:
@@ -4090,21 +4147,31 @@ class Reporter:
 
     def snapshot(self) -> dict:
         """The counters now, with the send rate since the previous snapshot."""
-        c = self._counters
+        values = self._counter_values()
         now, sent_before = time.monotonic(), self._last[1]
-        rate = (c.events_handed - sent_before) / max(1e-9, now - self._last[0])
-        self._last = (now, c.events_handed)
-        values = {"read": c.events_read, "bytes": c.bytes_read, "sent": c.events_handed,
-                  "queued": self._queue.events(), "dropped": c.events_dropped,
-                  "split": c.pieces, "transport_bytes": self._sender.buffered_bytes(),
-                  "drain_waits": c.drain_waits, "connected": c.connected,
-                  "disconnects": c.disconnects, "replayed": c.events_replayed,
-                  "window_bytes": self._sender.window.nbytes,
-                  "handshake_failures": c.handshake_failures, "refused": c.refused,
-                  "rate": round(rate, 1)}
+        rate = (values["sent"] - sent_before) / max(1e-9, now - self._last[0])
+        self._last = (now, values["sent"])
+        values["rate"] = round(rate, 1)
         if self._spool is not None:
             values.update(self._spool_values())
         return values
+
+    def figures(self) -> dict:
+        """The counters now, as snapshot() without the rate (so it changes nothing)."""
+        values = self._counter_values()
+        if self._spool is not None:
+            values.update(self._spool_values())
+        return values
+
+    def _counter_values(self) -> dict:
+        c = self._counters
+        return {"read": c.events_read, "bytes": c.bytes_read, "sent": c.events_handed,
+                "queued": self._queue.events(), "dropped": c.events_dropped,
+                "split": c.pieces, "transport_bytes": self._sender.buffered_bytes(),
+                "drain_waits": c.drain_waits, "connected": c.connected,
+                "disconnects": c.disconnects, "replayed": c.events_replayed,
+                "window_bytes": self._sender.window.nbytes,
+                "handshake_failures": c.handshake_failures, "refused": c.refused}
 
     def _spool_values(self) -> dict:
         """The spool's figures: bytes and segments on disk, bytes not yet sent
@@ -4175,6 +4242,462 @@ class Reporter:
         warn(f"{what} {endpoint}{more}")
 
 
+class Notifier:
+    """systemd's notify protocol (sd_notify(3)) with the standard library: one
+    datagram a message to the AF_UNIX socket that NOTIFY_SOCKET names (a path,
+    or an abstract name written with a leading "@").  A message that cannot be
+    sent is lost, never a failure of the run: the first such loss is said once
+    on stderr."""
+
+    def __init__(self, address: str):
+        self._shown = address
+        self._address = "\0" + address[1:] if address.startswith("@") else address
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.setblocking(False)
+        self._failed = False
+
+    @classmethod
+    def from_environment(cls, environ, pid: int) -> Notifier | None:
+        """A Notifier for NOTIFY_SOCKET, or None if it is unset or empty, not a
+        path or @name (said once), or not meant for zmqpush: SYSTEMD_EXEC_PID,
+        which systemd sets to the pid of the process it started, names another
+        process.  That process inherited NOTIFY_SOCKET and passed it on, as
+        rsyslogd does to its omprog programs: the unit's messages are its own."""
+        address = environ.get("NOTIFY_SOCKET", "")
+        started = environ.get("SYSTEMD_EXEC_PID")
+        if not address or (started is not None and started.strip() != str(pid)):
+            return None
+        if not address.startswith(("/", "@")) or len(address) < 2:
+            warn(f"NOTIFY_SOCKET={address!r} is neither an AF_UNIX socket path nor "
+                 "@name: systemd is not notified")
+            return None
+        return cls(address)
+
+    def send(self, message: str):
+        """Send one message (lines of NAME=VALUE); a failure is said the first time only."""
+        try:
+            self._socket.sendto(message.encode("utf-8", "replace"), self._address)
+        except OSError as exc:
+            if not self._failed:
+                self._failed = True
+                warn(f"cannot notify systemd at NOTIFY_SOCKET={self._shown}: "
+                     f"{exc.strerror or exc} (the run goes on; said once)")
+
+    def close(self):
+        self._socket.close()
+
+
+def watchdog_interval(environ, pid: int) -> float | None:
+    """Seconds between WATCHDOG=1 pings: half of WATCHDOG_USEC, if it is a
+    positive integer and WATCHDOG_PID, if set, is pid (as sd_watchdog_enabled(3)
+    decides); else None (no pings)."""
+    try:
+        usec = int(environ.get("WATCHDOG_USEC", ""))
+    except ValueError:
+        return None
+    owner = environ.get("WATCHDOG_PID")
+    if usec <= 0 or (owner is not None and owner.strip() != str(pid)):
+        return None
+    return usec / 2e6
+
+
+# The metrics --metrics-file writes: (name, type, help, key of Reporter.figures()).
+METRICS = (
+    ("zmqpush_events_read_total", "counter",
+     "Events read on stdin: lines, and pieces of lines split at --max-line-bytes.", "read"),
+    ("zmqpush_read_bytes_total", "counter", "Bytes read on stdin.", "bytes"),
+    ("zmqpush_events_sent_total", "counter",
+     "Events handed to ZeroMQ, replays not included.", "sent"),
+    ("zmqpush_events_dropped_total", "counter",
+     "Events dropped while the queue or spool was full (--when-full drop).", "dropped"),
+    ("zmqpush_split_pieces_total", "counter",
+     'Pieces of long lines sent with "@continues":true.', "split"),
+    ("zmqpush_events_replayed_total", "counter",
+     "Events sent again from the replay window after a receiver went away.", "replayed"),
+    ("zmqpush_confirm_refused_lines_total", "counter",
+     "--confirm: lines answered with a refusal (rsyslog sends them again).", "refused_lines"),
+    ("zmqpush_drain_waits_total", "counter",
+     "Times the sender waited for ZeroMQ to take a spill.", "drain_waits"),
+    ("zmqpush_receiver_disconnects_total", "counter",
+     "Times a connected receiver went away.", "disconnects"),
+    ("zmqpush_handshake_failures_total", "counter",
+     "Failed ZeroMQ handshakes (ours, and with --bind the peers').", "handshake_failures"),
+    ("zmqpush_peers_refused_total", "counter",
+     "Connection attempts the --bind allowlists refused.", "refused"),
+    ("zmqpush_receivers_connected", "gauge", "Receivers connected now.", "connected"),
+    ("zmqpush_queued_events", "gauge",
+     "Events in the queue between reader and sender.", "queued"),
+    ("zmqpush_transport_buffered_bytes", "gauge",
+     "Bytes in the aiozmq transport buffer.", "transport_bytes"),
+    ("zmqpush_replay_window_bytes", "gauge", "Bytes the replay window holds.", "window_bytes"),
+)
+SPOOL_METRICS = (
+    ("zmqpush_spool_bytes", "gauge", "Bytes of the spool's segments on disk.", "spool_bytes"),
+    ("zmqpush_spool_segments", "gauge", "Segment files of the spool.", "spool_segments"),
+    ("zmqpush_spool_unsent_bytes", "gauge",
+     "Spooled bytes not yet sent (nor held in memory).", "spool_unsent_bytes"),
+    ("zmqpush_spool_oldest_unsent_age_seconds", "gauge",
+     "Age of the oldest unsent record in the spool.", "spool_age"),
+    ("zmqpush_spool_damaged_stretches_total", "counter",
+     "Damaged stretches of the spool skipped.", "spool_corrupt"),
+    ("zmqpush_spool_found_events_total", "counter",
+     "Events read from what a previous run left in the spool.", "spool_found"),
+    ("zmqpush_spool_memory_only_events_total", "counter",
+     "Events kept in memory only because the spool could not take them.",
+     "spool_memory_only"),
+)
+def metrics_path(path: str, pid: int) -> str:
+    """--metrics-file PATH with its {pid} placeholders replaced by pid."""
+    return path.replace(PID_PLACEHOLDER, str(pid))
+
+
+def _label_value(text: str) -> str:
+    """text escaped for a label value of the text exposition format."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Exposition:
+    """The counters in Prometheus' text exposition format (0.0.4), every sample
+    with the labels given (logtype, the instance's name, the pid) whose value
+    is not empty."""
+
+    def __init__(self, labels: dict, started: float):
+        pairs = [f'{key}="{_label_value(value)}"' for key, value in labels.items() if value]
+        self._labels = "{" + ",".join(pairs) + "}" if pairs else ""
+        self._started = started
+
+    def text(self, figures: dict, now: float, exit_code: int | None = None) -> str:
+        """# HELP, # TYPE and one sample for each metric; exit_code's only if given."""
+        labels = self._labels
+        metrics = METRICS + (SPOOL_METRICS if "spool_bytes" in figures else ())
+        values = [(name, kind, text, figures[key]) for name, kind, text, key in metrics]
+        values += [
+            ("zmqpush_start_time_seconds", "gauge",
+             "When this run started, in seconds since the epoch.", round(self._started, 3)),
+            ("zmqpush_last_update_timestamp_seconds", "gauge",
+             "When this file was written, in seconds since the epoch.", round(now, 3))]
+        if exit_code is not None:
+            values.append(("zmqpush_exit_code", "gauge",
+                           "The exit code of the run that wrote this file last (not 0).",
+                           exit_code))
+        return "".join(f"# HELP {name} {text}\n# TYPE {name} {kind}\n{name}{labels} {value}\n"
+                       for name, kind, text, value in values)
+
+
+class MetricsFile:
+    """--metrics-file, for node_exporter's textfile collector: each version of
+    the exposition written whole to a hidden temporary file beside PATH and
+    renamed over it, so a reader finds the previous version or the new one,
+    never a part.  A write or removal that fails is said once on stderr; the
+    run goes on."""
+
+    def __init__(self, path: str, exposition: Exposition):
+        self.path = path
+        directory, base = os.path.split(path)
+        self._temporary = os.path.join(directory, f".{base}.{os.getpid()}.tmp")
+        self._exposition = exposition
+        self._failed = False
+
+    def write(self, figures: dict, exit_code: int | None = None):
+        """Replace the file by one with figures, the start time and now (and
+        exit_code, when the run ended with one that is not 0)."""
+        try:
+            with open(self._temporary, "w", encoding="utf-8") as f:
+                f.write(self._exposition.text(figures, time.time(), exit_code))
+            os.replace(self._temporary, self.path)
+        except OSError as exc:
+            self._say(f"cannot write --metrics-file {self.path}", exc)
+            self._discard(self._temporary)
+
+    def remove(self):
+        """Remove the file (a run that ended cleanly leaves none)."""
+        self._discard(self.path)
+
+    def _discard(self, path: str):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._say(f"cannot remove {path}", exc)
+
+    def _say(self, what: str, exc: OSError):
+        if not self._failed:
+            self._failed = True
+            warn(f"{what}: {exc.strerror or exc} (the run goes on; said once)")
+
+
+class Publisher:
+    """What systemd and Prometheus see of the run (README "Running as a service"):
+    with a Notifier, READY=1 at start, STATUS= with the main counters, STOPPING=1
+    when input ends, and WATCHDOG=1 every watchdog seconds; with a MetricsFile,
+    the counters in it, and at the end the file removed (exit 0) or its last
+    version with the exit code.
+
+    No timer runs while the run is idle.  The counters are published at most
+    every PUBLISH_SECONDS while they change, or while lines wait for a receiver
+    that is connected; once a look finds neither, the publisher sleeps until
+    stdin gets something (an edge-triggered epoll of its own on stdin, which
+    the loop watches only while it sleeps) or a receiver connects or goes away
+    (wake()).  The
+    watchdog pings come from a loop timer, so they stop when the loop stops
+    turning.  Nothing of this touches the reader's or the sender's paths."""
+
+    def __init__(self, reporter: Reporter, counters: Counters, *, notifier: Notifier | None,
+                 metrics: MetricsFile | None, stdin_fd: int, watchdog: float | None,
+                 listening: socket.socket | None = None,
+                 exposition: Exposition | None = None):
+        self._reporter = reporter
+        self._listening = listening
+        self._exposition = exposition
+        self._server: asyncio.AbstractServer | None = None
+        self._progress = (-1, 0.0)  # events sent when last seen moving, and when
+        self._counters = counters
+        self._notifier = notifier
+        self._metrics = metrics
+        self._stdin_fd = stdin_fd
+        self._watchdog = watchdog if notifier is not None else None
+        self._loop = asyncio.get_running_loop()
+        self._published: dict | None = None
+        self._published_at = -1e9
+        self._timer: asyncio.TimerHandle | None = None
+        self._ping: asyncio.TimerHandle | None = None
+        self._epoll = None
+        self._asleep = False
+        self._input_over = False
+
+    async def start(self):
+        """Serve --metrics-listen, publish the counters, say READY=1, start the
+        watchdog pings."""
+        if self._listening is not None:
+            self._server = await asyncio.start_server(self._on_request, sock=self._listening)
+        self._epoll = self._watch_stdin()
+        figures = self._figures()
+        self._publish(figures, "READY=1\n")
+        if self._watchdog is not None:
+            self._on_watchdog()
+        self._schedule()
+
+    def wake(self):
+        """Something changed that stdin did not bring (a connection event):
+        publish soon, if asleep."""
+        if self._asleep:
+            self._end_sleep()
+            self._schedule()
+
+    def stopping(self, waiting: int, linger: float):
+        """Input ended: STOPPING=1, with how many events are still to be handed
+        over; stdin is watched no more (what it still holds is never read)."""
+        self._input_over = True
+        self._unwatch_stdin()
+        if self._notifier is not None:
+            self._notifier.send(f"STOPPING=1\nSTATUS=stopping: {waiting} events not yet "
+                                f"handed to ZeroMQ, lingering up to {linger:g} s")
+
+    def close(self, exit_code: int):
+        """The run is over: stop the timers and the watch; remove the metrics
+        file after exit 0, else write its last version with exit_code."""
+        for timer in (self._timer, self._ping):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._ping = None
+        self._unwatch_stdin()
+        if self._server is not None:
+            self._server.close()
+        if self._metrics is not None:
+            if exit_code == EXIT_OK:
+                self._metrics.remove()
+            else:
+                self._metrics.write(self._figures(), exit_code)
+        if self._notifier is not None:
+            self._notifier.close()
+
+    def _figures(self) -> dict:
+        figures = self._reporter.figures()
+        figures["refused_lines"] = self._counters.events_refused
+        return figures
+
+    def _publish(self, figures: dict, first: str = ""):
+        self._published, self._published_at = figures, time.monotonic()
+        if self._metrics is not None:
+            self._metrics.write(figures)
+        if self._notifier is not None:
+            self._notifier.send(first + "STATUS=" + self._status(figures))
+
+    @staticmethod
+    def _status(v: dict) -> str:
+        """One line for systemctl status: what was read, sent, queued, dropped, to whom."""
+        text = (f"{v['read']} read, {v['sent']} sent, {v['queued']} queued, "
+                f"{v['dropped']} dropped, {v['connected']} receivers connected")
+        if "spool_unsent_bytes" in v:
+            text += f", {v['spool_unsent_bytes']} bytes spooled unsent"
+        return text
+
+    def _schedule(self):
+        """Look again PUBLISH_SECONDS after the last publication, and at least
+        PUBLISH_FIRST_SECONDS from now."""
+        delay = max(PUBLISH_FIRST_SECONDS,
+                    self._published_at + PUBLISH_SECONDS - time.monotonic())
+        self._timer = self._loop.call_later(delay, self._look)
+
+    def _look(self):
+        """Publish if the counters changed; look again while they change or
+        something waits to be sent; else sleep until stdin gets something."""
+        self._timer = None
+        figures = self._figures()
+        self.stalled_seconds(figures)
+        if figures != self._published:
+            self._publish(figures)
+            self._schedule()
+        elif self._busy(figures):
+            self._schedule()
+        elif self._epoll is not None:
+            self._sleep()
+        elif not self._input_over:  # stdin cannot be polled (a regular file): read at once
+            self._schedule()
+
+    def _busy(self, figures: dict) -> bool:
+        """A receiver is connected and lines wait: it may take them any moment
+        (with none connected, the next connection event wakes the publisher)."""
+        return bool(self._counters.connected) and bool(
+            self._counters.not_handed() > 0 or figures["queued"]
+            or figures["transport_bytes"] or figures.get("spool_unsent_bytes"))
+
+    def _watch_stdin(self):
+        """An edge-triggered epoll of stdin for readability, or None if stdin
+        cannot be polled."""
+        epoll = select.epoll()
+        try:
+            epoll.register(self._stdin_fd, select.EPOLLIN | select.EPOLLET)
+        except OSError:
+            epoll.close()
+            return None
+        return epoll
+
+    def _unwatch_stdin(self):
+        if self._asleep:
+            self._end_sleep()
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
+
+    def _sleep(self):
+        """Let the loop watch stdin: the next bytes (or bytes there already) wake us."""
+        self._epoll.poll(0)  # an edge taken while awake is no news
+        self._epoll.modify(self._stdin_fd, select.EPOLLIN | select.EPOLLET)  # rearms if ready
+        self._loop.add_reader(self._epoll.fileno(), self._on_stdin)
+        self._asleep = True
+
+    def _end_sleep(self):
+        self._loop.remove_reader(self._epoll.fileno())
+        self._asleep = False
+
+    def _on_stdin(self):
+        self._epoll.poll(0)
+        self._end_sleep()
+        self._schedule()
+
+    def stalled_seconds(self, figures: dict) -> float:
+        """How long events have waited with none sent, as far as the looks and
+        requests so far saw (0 while nothing waits or events go out)."""
+        now = time.monotonic()
+        waiting = self._counters.not_handed() > 0 or figures["queued"] \
+            or figures["transport_bytes"] or figures.get("spool_unsent_bytes")
+        if not waiting or figures["sent"] != self._progress[0]:
+            self._progress = (figures["sent"], now)
+            return 0.0
+        return now - self._progress[1]
+
+    async def _on_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        """One HTTP/1.0-style exchange: GET /metrics, GET /healthz[?stall=SECONDS]."""
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HTTP_TIMEOUT)
+            status, body, kind = self._answer(request.split(b"\r\n", 1)[0])
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                         .encode() + body)
+            await asyncio.wait_for(writer.drain(), HTTP_TIMEOUT)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                OSError):
+            pass
+        finally:
+            writer.close()
+
+    def _answer(self, line: bytes) -> tuple:
+        """(status, body, content type) for a request line."""
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or parts[0] != "GET":
+            return "405 Method Not Allowed", b"GET only\n", "text/plain"
+        path, _, query = parts[1].partition("?")
+        figures = self._figures()
+        stalled = self.stalled_seconds(figures)
+        if path == "/metrics":
+            return ("200 OK", self._exposition.text(figures, time.time()).encode(),
+                    "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/healthz":
+            limit = _stall_limit(query)
+            if limit is None:
+                return "400 Bad Request", b"stall=SECONDS, a number\n", "text/plain"
+            if stalled > limit:
+                return ("503 Service Unavailable",
+                        f"stalled: events wait, none sent for {stalled:.0f} s\n".encode(),
+                        "text/plain")
+            return "200 OK", b"ok\n", "text/plain"
+        return "404 Not Found", b"/metrics or /healthz\n", "text/plain"
+
+    def _on_watchdog(self):
+        self._notifier.send("WATCHDOG=1")
+        self._ping = self._loop.call_later(self._watchdog, self._on_watchdog)
+
+
+def _stall_limit(query: str) -> float | None:
+    """/healthz's stall=SECONDS (default DEFAULT_STALL_SECONDS), None if malformed."""
+    values = [v for k, _, v in (p.partition("=") for p in query.split("&") if p)
+              if k == "stall"]
+    try:
+        limit = float(values[-1]) if values else DEFAULT_STALL_SECONDS
+    except ValueError:
+        return None
+    return limit if limit >= 0 else None
+
+
+def listen_socket(address: tuple) -> socket.socket:
+    """A TCP socket bound to --metrics-listen's (host, port) and listening; OSError if not."""
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(16)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def service_publisher(config: Config, reporter: Reporter, counters: Counters,
+                      stdin_fd: int, environ, *,
+                      listening: socket.socket | None = None) -> Publisher | None:
+    """A Publisher if systemd (NOTIFY_SOCKET), --metrics-file or --metrics-listen
+    (listening: its bound socket) asks for one, else None."""
+    pid = os.getpid()
+    notifier = Notifier.from_environment(environ, pid)
+    labels = {"logtype": config.logtype.decode("utf-8"), "name": config.metrics_name}
+    started = time.time()
+    metrics = None
+    if config.metrics_file:
+        pid_label = {"pid": str(pid)} if PID_PLACEHOLDER in config.metrics_file else {}
+        metrics = MetricsFile(metrics_path(config.metrics_file, pid),
+                              Exposition({**labels, **pid_label}, started))
+    if notifier is None and metrics is None and listening is None:
+        return None
+    return Publisher(reporter, counters, notifier=notifier, metrics=metrics,
+                     stdin_fd=stdin_fd, watchdog=watchdog_interval(environ, pid),
+                     listening=listening, exposition=Exposition(labels, started))
+
+
 class Shipper:
     """One run: stdin -> queue -> ZeroMQ, until EOF, a signal or a failure, then
     linger.  Owns the wiring of the parts, supervision, the linger, signals and
@@ -4208,10 +4731,19 @@ class Shipper:
         self._waiting: asyncio.TimerHandle | None = None
         self._replies: Replies | None = None
         self._spool: Spool | None = None
+        self._publisher: Publisher | None = None
+        self._listening: socket.socket | None = None
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
         config = self.config
+        if config.metrics_listen is not None:
+            try:
+                self._listening = listen_socket(config.metrics_listen)
+            except OSError as exc:
+                warn(f"cannot listen on --metrics-listen {config.metrics_listen[0]}:"
+                     f"{config.metrics_listen[1]}: {exc.strerror or exc}")
+                return EXIT_ERROR
         if config.spool:
             try:
                 self._spool = Spool(config.spool, config.spool_bytes, config.spool_sync,
@@ -4249,7 +4781,10 @@ class Shipper:
                                              bool(self._sender.buffered_bytes()), bool(handed))
         if self._spool is not None:
             self._spool.close(done=delivered and self._sent_everything())
-        return self._report(delivered)
+        code = self._report(delivered)
+        if self._publisher is not None:
+            self._publisher.close(code)
+        return code
 
     def _sent_everything(self) -> bool:
         """The sender finished, and no receiver went away after that (whose
@@ -4287,6 +4822,9 @@ class Shipper:
                                  spool, config.sndhwm)
         self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
+        self._publisher = service_publisher(config, self._reporter, self.counters,
+                                            self._stdin_fd, os.environ,
+                                            listening=self._listening)
 
     def _stop_reading(self):
         self._reader.stop()
@@ -4296,6 +4834,8 @@ class Shipper:
             self._waiting.cancel()  # a timer left in the loop would still wake it
         if self._reporter is not None:
             self._reporter.say(f"receiver {what}", endpoint)
+        if self._publisher is not None:
+            self._publisher.wake()
 
     def _on_receiver_lost(self, endpoint: str):
         """Replay what may have been in flight to the receiver that went away."""
@@ -4339,10 +4879,14 @@ class Shipper:
             self._reader.stop()
         self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
                        self._supervise(sender, "sending")]
+        if self._publisher is not None:
+            await self._publisher.start()
         ended = asyncio.get_running_loop().create_task(self._reader.ended.wait())
         await asyncio.wait([ended, self._failed, *self._tasks],
                            return_when=asyncio.FIRST_COMPLETED)
         self._deadline = time.monotonic() + self.config.linger
+        if self._publisher is not None:
+            self._publisher.stopping(self.counters.not_handed(), self.config.linger)
         self._reader.stop()
         try:
             await self._linger()
