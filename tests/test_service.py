@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,7 +23,7 @@ from rsyslog import PrivateRsyslog, available
 from test_rsyslog import binary, omprog, wait_children
 from test_shipping import main_thread_switches
 
-from conftest import ZMQPUSH, Receiver, free_port, start, stop_process
+from conftest import ROOT, ZMQPUSH, Receiver, free_port, start, stop_process
 
 
 @pytest.fixture(autouse=True)
@@ -421,47 +422,19 @@ def test_metrics_file_in_a_missing_directory_is_a_usage_error(tmp_path):
     assert b"--metrics-file" in proc.stderr and b"no directory" in proc.stderr
 
 
-# The README's unit files ("Running as a service"), as systemd reads them.
-UNIT_JOURNAL = """\
-[Unit]
-Description=Ship the systemd journal to Logstash (zmqpush)
-Wants=network-online.target
-After=network-online.target
 
-[Service]
-Type=notify
-ExecStart=/bin/bash -c 'exec /usr/local/bin/zmqpush.py journal -c tcp://logstash.example:2120 --spool /var/lib/zmqpush/spool --metrics-file /var/lib/prometheus/node-exporter/zmqpush-journal.prom < <(exec journalctl -o json -f --cursor-file=/var/lib/zmqpush/journal.cursor)'
-ExecStop=/bin/sh -c 'pkill -TERM -P "$$MAINPID" -x journalctl; while kill -0 "$$MAINPID" 2>/dev/null; do sleep 0.2; done'
-StateDirectory=zmqpush
-Restart=on-failure
-RestartPreventExitStatus=2
-RestartSec=5
-WatchdogSec=30
-TimeoutStopSec=30
 
-[Install]
-WantedBy=multi-user.target
-"""  # noqa: E501
+def ini_block(path: Path, after: str) -> str:
+    """The first ```ini block of the file at path after the text `after`."""
+    text = path.read_text()
+    text = text[text.index(after):]
+    return text[text.index("```ini\n") + 7:].split("```", 1)[0]
 
-UNIT_PIPELINE = """\
-[Unit]
-Description=Ship the systemd journal to Logstash (zmqpush, in a pipeline)
-Wants=network-online.target
-After=network-online.target
 
-[Service]
-Type=notify
-NotifyAccess=all
-ExecStart=/bin/sh -c 'unset SYSTEMD_EXEC_PID WATCHDOG_PID; journalctl -o json -f --cursor-file=/var/lib/zmqpush/journal.cursor | /usr/local/bin/zmqpush.py journal -c tcp://logstash.example:2120 --spool /var/lib/zmqpush/spool'
-StateDirectory=zmqpush
-Restart=on-failure
-RestartPreventExitStatus=2
-RestartSec=5
-WatchdogSec=30
-
-[Install]
-WantedBy=multi-user.target
-"""  # noqa: E501
+# The unit files as the READMEs give them: the README's journal unit, and the shell
+# pipeline beside it in bench/README.md.
+UNIT_JOURNAL = ini_block(ROOT / "README.md", "## Running as a service")
+UNIT_PIPELINE = ini_block(ROOT / "bench" / "README.md", "### Running as a service, in full")
 
 # A stand-in for `journalctl -o json -f --cursor-file=FILE`, named journalctl (so
 # pkill -x finds it): writes its pid beside FILE and some entries, then waits;
