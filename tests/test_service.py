@@ -558,6 +558,8 @@ def test_pipeline_unit_needs_notify_access_all_and_its_pids_unset(
             assert any(text.startswith("READY=1\n") for text in notify.texts())
             assert notify.pings()
             assert len(senders) == 1 and main.pid not in senders
+            # systemd takes messages from a pid other than the main one only so
+            assert "NotifyAccess=all" in unit.splitlines()
         else:
             assert notify.messages == []
         journalctl = int((tmp_path / "state" / "journalctl.pid").read_text())
