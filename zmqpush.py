@@ -492,14 +492,59 @@ _presets.__name__ = "comma-separated list of " + ", ".join(MULTILINE_PRESETS)
 
 
 def _pattern(text: str) -> re.Pattern:
-    """--multiline-pattern: a Python regular expression, matched on bytes."""
+    """--multiline-pattern: a Python regular expression, matched on bytes;
+    ValueError if it does not compile or nests unbounded repetitions."""
+    source = text.encode("utf-8", "surrogateescape")
     try:
-        return re.compile(text.encode("utf-8", "surrogateescape"))
+        pattern = re.compile(source)
     except re.error:
         raise ValueError(text) from None
+    if nests_repetitions(source):
+        raise ValueError(text)
+    return pattern
 
 
-_pattern.__name__ = "Python regular expression"
+_pattern.__name__ = ("Python regular expression without an unbounded repetition "
+                     "inside a repetition, such as (a+)+")
+
+
+def nests_repetitions(source: bytes) -> bool:
+    """True if the regular expression repeats, more than once, a part that
+    holds an unbounded repetition ((a+)+, (a*)*, (x+y)*): Python's re may
+    then backtrack for a time exponential in the line's length.  Possessive
+    repetitions and atomic groups (Python 3.11+), which never backtrack, are
+    left out."""
+    try:
+        from re import _parser as parser
+    except ImportError:  # CPython before 3.11
+        import sre_parse as parser
+    return _nests(parser.parse(source), False, parser.SubPattern, parser.MAXREPEAT)
+
+
+def _nests(parsed, repeated: bool, subpattern: type, unbounded: int) -> bool:
+    for op, av in parsed:
+        name = str(op)
+        if name in ("POSSESSIVE_REPEAT", "ATOMIC_GROUP"):
+            continue
+        if name in ("MAX_REPEAT", "MIN_REPEAT"):
+            if repeated and av[1] == unbounded:
+                return True
+            if _nests(av[2], repeated or av[1] > 1, subpattern, unbounded):
+                return True
+            continue
+        for child in _subpatterns(av, subpattern):
+            if _nests(child, repeated, subpattern, unbounded):
+                return True
+    return False
+
+
+def _subpatterns(av, subpattern: type) -> list:
+    """The parsed subpatterns an item's argument holds (groups, branches)."""
+    if isinstance(av, subpattern):
+        return [av]
+    if isinstance(av, (tuple, list)):
+        return [child for part in av for child in _subpatterns(part, subpattern)]
+    return []
 
 
 def _multiline_options(g):
@@ -2506,13 +2551,14 @@ class JoiningReader(StdinReader):
             chunk = seg.lines
             if seg.strip_cr and 0x0D in chunk:
                 chunk = chunk.replace(b"\r\n", b"\n")
-            lines += chunk.count(b"\n")
+            if self._answers is not None:
+                lines += chunk.count(b"\n")
             out += self._joiner.feed(chunk)
         await self._queue_output(out)
-        if lines:
+        if segments:
             self._last_line = self._loop.time()
-            if self._answers is not None:
-                await self._answers.reply(True, lines)
+        if lines:
+            await self._answers.reply(True, lines)
 
     async def _queue_output(self, out: list):
         """Encode the Joiner's output (and pieces of over-long lines) and queue

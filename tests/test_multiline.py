@@ -375,9 +375,11 @@ def test_confirm_without_spool_is_refused():
     (["--multiline-negate"], "--multiline-negate needs --multiline"),
     (["--multiline", "python", "--multiline-pattern", "x"], "cannot be combined"),
     (["--multiline", "cobol"], "invalid comma-separated list of python, java, go, ruby value"),
-    (["--multiline-pattern", "("], "invalid Python regular expression value"),
+    (["--multiline-pattern", "("], "invalid Python regular expression"),
+    (["--multiline-pattern", r"^(\s*at .+)+$"], "without an unbounded repetition inside"),
     (["--multiline", "python", "--multiline-max-bytes", "70000"], "over --max-line-bytes"),
-], ids=["negate-alone", "both", "unknown-preset", "bad-pattern", "over-line-bytes"])
+], ids=["negate-alone", "both", "unknown-preset", "bad-pattern", "nested-repetition",
+        "over-line-bytes"])
 def test_bad_multiline_options_are_usage_errors(args, says):
     proc = run(args, b"")
     assert proc.returncode == 2
@@ -441,7 +443,7 @@ def test_the_quiet_timeout_ships_the_event_then_the_loop_sleeps(receiver):
         assert receiver.wait_for(2, 0.5) == 1  # still pending
         assert receiver.wait_for(2, 10) == 2
         assert receiver.messages() == ["before", TRACE_TEXT]
-        time.sleep(1.0)  # the quiet checks of the replay window
+        time.sleep(2.0)  # the quiet checks of the replay window, as in test_shipping
         before = main_thread_switches(proc.pid)
         time.sleep(3.0)
         assert main_thread_switches(proc.pid) == before
