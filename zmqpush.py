@@ -1706,7 +1706,7 @@ class RubyRule:
     or "... N levels..." continue it, and so does a cause's own first line."""
 
     TRACE = 0
-    _begin = re.compile(rb"[^\s].*?:\d+:in [`'].*\)\r?$")
+    _begin = re.compile(rb"[^\s:][^:]*:\d+:in [`'].*\)\r?$")  # one place to try: linear
     _from = re.compile(rb"\t+(?:from \S.*?:\d+:in |\.\.\. \d+ levels\.\.\.)")
 
     def scan(self, chunk: bytes, pos: int) -> int:
@@ -1726,11 +1726,10 @@ PRESET_RULES = {"python": PythonRule, "java": JavaRule, "go": GoRule, "ruby": Ru
 
 class Presets:
     """Several preset rules at once: the first whose begins() takes a line
-    owns the event it begins, java's last (its head is the loosest); the
-    state is (rule, its state)."""
+    owns the event it begins; the state is (rule, its state)."""
 
     def __init__(self, names: tuple):
-        self._rules = [PRESET_RULES[name]() for name in sorted(names, key="java".__eq__)]
+        self._rules = [PRESET_RULES[name]() for name in names]
 
     def scan(self, chunk: bytes, pos: int) -> int:
         found = [at for at in (rule.scan(chunk, pos) for rule in self._rules) if at >= 0]

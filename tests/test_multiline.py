@@ -270,6 +270,18 @@ def test_a_trace_at_eof_without_a_newline_is_one_event(receiver):
     assert receiver.messages() == ["before", data[7:].decode()]
 
 
+def test_lines_made_to_be_slow_for_the_presets_stay_cheap(receiver):
+    """Long lines that hold, again and again, what a preset's regular
+    expressions look for: a rule that backtracks would take minutes a line."""
+    lines = [b"x" + b":1:in `" * 100000, b'  File "' + b'", line 1x' * 40000,
+             b"Exception in thread \"" + b'" x' * 130000, b"a(" + b")x" * 200000] * 2
+    proc = run(["-q", "-c", receiver.endpoint, "--multiline", "python,java,go,ruby",
+                "--max-line-bytes", str(1 << 20)], b"\n".join(lines) + b"\n", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    receiver.settle()
+    assert [m.encode() for m in receiver.messages()] == lines
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--multiline-pattern", "NEVER-THERE"], ["a", " b", " c", "d"]),
     (["--multiline-pattern", "^ "], ["a\n b\n c", "d"]),
