@@ -308,10 +308,11 @@ def test_the_pattern_sees_only_the_first_bytes_of_a_line(receiver):
     assert receiver.messages() == ["head\n" + near.decode(), far.decode()]
 
 
-def test_batch_carries_joined_events_in_arrays(receiver, tmp_path):
+def test_batch_carries_joined_events_in_arrays_with_their_fields(receiver, tmp_path):
     data, expected = interleaved(python_traces(tmp_path))
-    ship(receiver, data, "--multiline", "python", "--batch")
+    ship(receiver, data, "--multiline", "python", "--batch", "--timestamp", "-f", "app=demo")
     assert receiver.messages() == expected
+    assert all(e["@timestamp"].endswith("Z") and e["app"] == "demo" for e in receiver.events())
     assert len(receiver.frames) < len(expected)
     assert all(frame.startswith(b"[") for frame in receiver.frames)
 
