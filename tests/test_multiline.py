@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from rsyslog import PrivateRsyslog, available
+from test_rsyslog import binary, confirm_rules
 from test_shipping import main_thread_switches
 
 from conftest import Receiver, free_port, run, start, stop_process
@@ -473,3 +475,25 @@ def test_stats_count_joined_lines_and_events(receiver, tmp_path):
     lines = sum(m.count("\n") + 1 for m in joined)
     assert f"Joined {lines} lines into {len(joined)} multi-line events" in proc.stderr.decode()
     assert receiver.messages() == expected
+
+
+def test_under_rsyslog_confirm_mode_joins_the_lines_it_sends_one_by_one(tmp_path):
+    """The README's confirm-mode configuration, with --multiline and --spool:
+    rsyslog sends a line only after the reply to the one before, so each line
+    of a trace is answered while its event is pending, and the event arrives."""
+    if not available():
+        pytest.skip("no rsyslogd")
+    data, expected = interleaved(python_traces(tmp_path)[:1])
+    receiver = Receiver(free_port())
+    rules = confirm_rules(binary("--confirm", "--multiline", "python", "--spool",
+                                 str(tmp_path / "spool"), "-c", receiver.endpoint), tmp_path)
+    rs = PrivateRsyslog(tmp_path / "rsyslog", rules=rules)
+    try:
+        rs.start()
+        rs.send([line.decode() for line in data.split(b"\n")[:-1]])
+        receiver.wait_for(len(expected), 60)
+        receiver.settle(1)
+        assert receiver.messages() == expected
+    finally:
+        rs.stop()
+        receiver.stop()
