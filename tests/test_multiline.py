@@ -468,6 +468,23 @@ def test_the_quiet_timeout_ships_the_event_then_the_loop_sleeps(receiver):
         stop_process(proc)
 
 
+def test_idle_with_no_event_pending_the_main_thread_never_wakes(receiver):
+    """Ordinary lines leave at once and hold nothing: no timer runs."""
+    proc = start(["-q", "-c", receiver.endpoint, "--multiline", "python,java,go,ruby"])
+    try:
+        proc.stdin.write(b"one line, then silence\n")
+        proc.stdin.flush()
+        assert receiver.wait_for(1, 10) == 1
+        time.sleep(2.0)  # the first delivery, the replay window's quiet checks
+        before = main_thread_switches(proc.pid)
+        time.sleep(3.0)
+        assert main_thread_switches(proc.pid) == before
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+    finally:
+        stop_process(proc)
+
+
 def test_stats_count_joined_lines_and_events(receiver, tmp_path):
     data, expected = interleaved(python_traces(tmp_path))
     proc = ship(receiver, data, "--multiline", "python", "--stats", "0.1")
