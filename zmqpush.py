@@ -1598,11 +1598,14 @@ class PythonRule:
     traceback."""
 
     FRAMES, GROUP, EXCEPTION, CHAINING, CHAINED = range(5)
-    _begin = re.compile(rb"(Traceback \(most recent call last\):|  File \".*\", line \d+"
-                        rb"|[ \t]*\+ Exception Group Traceback \(most recent call last\):)"
-                        rb"\r?$")
     _chain = (b"During handling of the above exception, another exception occurred:",
               b"The above exception was the direct cause of the following exception:")
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._begin = re.compile(
+            rb"(Traceback \(most recent call last\):|  File \".*\", line \d+"
+            rb"|[ \t]*\+ Exception Group Traceback \(most recent call last\):)\r?$")
 
     def scan(self, chunk: bytes, pos: int) -> int:
         return _first_found(chunk, pos, (b"Traceback (most recent call last):", b'  File "'))
@@ -1643,10 +1646,13 @@ class JavaRule:
     Such lines after any other line begin an event of their own."""
 
     HEAD, TRACE = range(2)
-    _head = re.compile(rb'(?:Exception in thread "[^"]*" [\w$.]+|[A-Za-z_$][\w$]*'
-                       rb'(?:\.[A-Za-z_$][\w$]*)+)(?:: .*)?\r?$')
-    _frame = re.compile(rb"\t+(?:at |\.\.\. \d+ (?:more|common frames omitted)|Suppressed: "
-                        rb"|Caused by: )|Caused by: ")
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._head = re.compile(rb'(?:Exception in thread "[^"]*" [\w$.]+|[A-Za-z_$][\w$]*'
+                                rb'(?:\.[A-Za-z_$][\w$]*)+)(?:: .*)?\r?$')
+        self._frame = re.compile(rb"\t+(?:at |\.\.\. \d+ (?:more|common frames omitted)"
+                                 rb"|Suppressed: |Caused by: )|Caused by: ")
 
     def scan(self, chunk: bytes, pos: int) -> int:
         found = -1
@@ -1678,9 +1684,13 @@ class GoRule:
     blank lines continue it when such a line follows them."""
 
     PANIC, STACK = range(2)
-    _begin = re.compile(rb"panic: |fatal error: ")
-    _block = re.compile(rb"goroutine \d+ .*\]:\r?$|runtime stack:\r?$")
-    _function = re.compile(rb"[^\s(]+\(.*\)\r?$|created by |\.\.\.additional frames elided")
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._begin = re.compile(rb"panic: |fatal error: ")
+        self._block = re.compile(rb"goroutine \d+ .*\]:\r?$|runtime stack:\r?$")
+        self._function = re.compile(
+            rb"[^\s(]+\(.*\)\r?$|created by |\.\.\.additional frames elided")
 
     def scan(self, chunk: bytes, pos: int) -> int:
         return _first_found(chunk, pos, (b"panic: ", b"fatal error: "))
@@ -1706,8 +1716,11 @@ class RubyRule:
     or "... N levels..." continue it, and so does a cause's own first line."""
 
     TRACE = 0
-    _begin = re.compile(rb"[^\s:][^:]*:\d+:in [`'].*\)\r?$")  # one place to try: linear
-    _from = re.compile(rb"\t+(?:from \S.*?:\d+:in |\.\.\. \d+ levels\.\.\.)")
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._begin = re.compile(rb"[^\s:][^:]*:\d+:in [`'].*\)\r?$")  # one place: linear
+        self._from = re.compile(rb"\t+(?:from \S.*?:\d+:in |\.\.\. \d+ levels\.\.\.)")
 
     def scan(self, chunk: bytes, pos: int) -> int:
         return _first_found(chunk, pos, (b":in `", b":in '"))
@@ -1786,12 +1799,16 @@ def joining_rule(multiline: Multiline):
     return Presets(multiline.presets)
 
 
-class Joined(NamedTuple):
+class Joined:
     """Events the Joiner made: texts (lines joined by b"\\n"), and for each
-    whether it was cut at a cap (its rest follows in the next)."""
+    whether it was cut at a cap (its rest follows in the next).  A plain
+    class: a NamedTuple's creation would cost every start."""
 
-    texts: list
-    cut: list
+    __slots__ = ("texts", "cut")
+
+    def __init__(self, texts: list, cut: list):
+        self.texts = texts
+        self.cut = cut
 
 
 class Joiner:
