@@ -1804,7 +1804,7 @@ class Joined:
     whether it was cut at a cap (its rest follows in the next).  A plain
     class: a NamedTuple's creation would cost every start."""
 
-    __slots__ = ("texts", "cut")
+    __slots__ = ("cut", "texts")
 
     def __init__(self, texts: list, cut: list):
         self.texts = texts
