@@ -108,6 +108,13 @@ MIN_SPOOL_BYTES = 1 << 20
 MAX_SPOOL_BYTES = 1 << 50
 DEFAULT_SPOOL_SYNC = 1.0
 SPOOL_REPLAY_BYTES = 64 << 20
+# Multi-line events (README "Multi-line events"): the presets, the defaults, and
+# how much of a line a --multiline-pattern is matched against (a bound on what
+# a slow pattern can cost per line).
+MULTILINE_PRESETS = ("python", "java", "go", "ruby")
+DEFAULT_MULTILINE_MAX_LINES = 500
+DEFAULT_MULTILINE_TIMEOUT = 3.0
+MULTILINE_MATCH_BYTES = 256
 # What fit_memory lowers an unset --queue-bytes or --replay-bytes to, at most.
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
@@ -237,6 +244,7 @@ class Config(NamedTuple):
     metrics_file: str | None = None  # --metrics-file PATH, its {pid} not yet replaced
     metrics_name: str = ""  # the "name" label of the metrics
     metrics_listen: tuple | None = None  # (host, port) of --metrics-listen
+    multiline: Multiline | None = None  # joining lines into events (README "Multi-line events")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -344,6 +352,7 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
     _rsyslog_options(p.add_argument_group("rsyslog omprog"))
     _security_options(p.add_argument_group("security"))
     _spool_options(p.add_argument_group("disk spool"))
+    _multiline_options(p.add_argument_group("multi-line events"))
     return p
 
 
@@ -517,6 +526,142 @@ def _spool_options(g):
                    f"(default {DEFAULT_SPOOL_SYNC:g})")
 
 
+def _presets(text: str) -> tuple:
+    """--multiline: a comma-separated list of MULTILINE_PRESETS."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names or any(n not in MULTILINE_PRESETS for n in names):
+        raise ValueError(text)
+    return names
+
+
+_presets.__name__ = "comma-separated list of " + ", ".join(MULTILINE_PRESETS)
+
+
+def _pattern(text: str) -> re.Pattern:
+    """--multiline-pattern: a Python regular expression, matched on bytes;
+    ValueError if it does not compile or nests unbounded repetitions."""
+    source = text.encode("utf-8", "surrogateescape")
+    try:
+        pattern = re.compile(source)
+    except re.error:
+        raise ValueError(text) from None
+    if nests_repetitions(source):
+        raise ValueError(text)
+    return pattern
+
+
+_pattern.__name__ = ("Python regular expression without an unbounded repetition "
+                     "inside a repetition, such as (a+)+")
+
+
+def nests_repetitions(source: bytes) -> bool:
+    """True if the regular expression repeats, more than once, a part that
+    holds an unbounded repetition ((a+)+, (a*)*, (x+y)*): Python's re may
+    then backtrack for a time exponential in the line's length.  Possessive
+    repetitions and atomic groups (Python 3.11+), which never backtrack, are
+    left out."""
+    try:
+        from re import _parser as parser
+    except ImportError:  # CPython before 3.11
+        import sre_parse as parser
+    return _nests(parser.parse(source), False, parser.SubPattern, parser.MAXREPEAT)
+
+
+def _nests(parsed, repeated: bool, subpattern: type, unbounded: int) -> bool:
+    for op, av in parsed:
+        name = str(op)
+        if name in ("POSSESSIVE_REPEAT", "ATOMIC_GROUP"):
+            continue
+        if name in ("MAX_REPEAT", "MIN_REPEAT"):
+            if repeated and av[1] == unbounded:
+                return True
+            if _nests(av[2], repeated or av[1] > 1, subpattern, unbounded):
+                return True
+            continue
+        for child in _subpatterns(av, subpattern):
+            if _nests(child, repeated, subpattern, unbounded):
+                return True
+    return False
+
+
+def _subpatterns(av, subpattern: type) -> list:
+    """The parsed subpatterns an item's argument holds (groups, branches)."""
+    if isinstance(av, subpattern):
+        return [av]
+    if isinstance(av, (tuple, list)):
+        return [child for part in av for child in _subpatterns(part, subpattern)]
+    return []
+
+
+def _multiline_options(g):
+    g.add_argument("--multiline", type=_presets, metavar="PRESETS",
+                   help="join the lines of one stack trace into one event, as the "
+                   "runtimes print them: a comma-separated list of "
+                   f"{', '.join(MULTILINE_PRESETS)} (README \"Multi-line events\")")
+    g.add_argument("--multiline-pattern", type=_pattern, metavar="RE",
+                   help="join lines by a Python regular expression instead (Filebeat's "
+                   "rule): a line it matches (in its first "
+                   f"{MULTILINE_MATCH_BYTES} bytes) continues the event before it")
+    g.add_argument("--multiline-negate", action="store_true", default=None,
+                   help="--multiline-pattern: a line it does NOT match continues")
+    g.add_argument("--multiline-match", choices=("after", "before"),
+                   help="--multiline-pattern: continuing lines join the event before "
+                   "them (after, default) or the line after them (before)")
+    g.add_argument("--multiline-max-lines", type=_integer(2), metavar="N",
+                   help="an event of more lines is cut, its first part marked "
+                   f'"@continues":true (default {DEFAULT_MULTILINE_MAX_LINES})')
+    g.add_argument("--multiline-max-bytes", type=_integer(MIN_MAX_LINE_BYTES), metavar="N",
+                   help="an event of more bytes is cut alike (default and at most "
+                   "--max-line-bytes)")
+    g.add_argument("--multiline-timeout", type=_seconds(0.01, MAX_SECONDS), metavar="SECONDS",
+                   help="send an unfinished event after SECONDS without a new line "
+                   f"(default {DEFAULT_MULTILINE_TIMEOUT:g})")
+
+
+class Multiline(NamedTuple):
+    """How lines are joined into events: presets, or a pattern with Filebeat's
+    negate and match; the caps and the quiet timeout."""
+
+    presets: tuple
+    pattern: re.Pattern | None
+    negate: bool
+    after: bool  # --multiline-match after
+    max_lines: int
+    max_bytes: int
+    timeout: float
+
+
+def multiline_from(opt: dict, max_line_bytes: int, spool: bool) -> Multiline | None:
+    """The --multiline* options checked, or None when neither --multiline nor
+    --multiline-pattern is given.  UsageError for options that need those,
+    for both at once, a cap over --max-line-bytes, and --confirm without a
+    spool (see README "Multi-line events")."""
+    if not opt["multiline"] and opt["multiline_pattern"] is None:
+        for name in ("multiline_negate", "multiline_match", "multiline_max_lines",
+                     "multiline_max_bytes", "multiline_timeout"):
+            if opt[name] is not None:
+                raise UsageError(f"--{name.replace('_', '-')} needs --multiline or "
+                                 "--multiline-pattern")
+        return None
+    if opt["multiline"] and opt["multiline_pattern"] is not None:
+        raise UsageError("--multiline and --multiline-pattern cannot be combined")
+    if opt["multiline"] and (opt["multiline_negate"] or opt["multiline_match"]):
+        raise UsageError("--multiline-negate and --multiline-match need --multiline-pattern")
+    max_bytes = opt["multiline_max_bytes"] or max_line_bytes
+    if max_bytes > max_line_bytes:
+        raise UsageError(f"--multiline-max-bytes {max_bytes} is over --max-line-bytes "
+                         f"{max_line_bytes}: raise --max-line-bytes too")
+    if opt["confirm"] and not spool:
+        raise UsageError("--confirm with --multiline needs --spool: a line is answered "
+                         "once held, and only the spool keeps it across a restart")
+    return Multiline(
+        presets=opt["multiline"] or (), pattern=opt["multiline_pattern"],
+        negate=bool(opt["multiline_negate"]), after=opt["multiline_match"] != "before",
+        max_lines=opt["multiline_max_lines"] or DEFAULT_MULTILINE_MAX_LINES,
+        max_bytes=max_bytes,
+        timeout=opt["multiline_timeout"] or DEFAULT_MULTILINE_TIMEOUT)
+
+
 def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
     """ZMQPUSH_<DEST> values converted as their option would convert them."""
     defaults = {}
@@ -688,6 +833,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         metrics_file=check_metrics_file(opt["metrics_file"]),
         metrics_name=utf8(opt["metrics_name"] or "", "--metrics-name").decode("utf-8"),
         metrics_listen=opt["metrics_listen"],
+        multiline=multiline_from(opt, max_line_bytes, bool(opt["spool"])),
     )
 
 
@@ -1166,6 +1312,32 @@ class Encoder:
         return self._split((self._head + escaped).replace(
             b"\n", tail + _MESSAGE_MARK + self._head))
 
+    def encode_events(self, texts: list, cut: list, read_at: float = 0.0) -> tuple:
+        """Encode whole events (--multiline), one per text: bytes that may hold
+        b"\\n" between their lines and end in none.  cut[i] marks an event
+        cut at a cap, whose rest the next one carries ("@continues":true).
+
+        Returns (messages, events) as encode() does; a text without b"\\n"
+        becomes what encode() makes of it as a line.  Inside a text "\\n" is
+        escaped as \\n; fields, "@timestamp", event ids and --batch arrays
+        are as encode() makes them.  Not for the plain mode: a joined trace
+        is rare, and each text costs a few calls of its own."""
+        tail = self._tail
+        if self._timestamp:
+            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
+        objects = []
+        for text, more in zip(texts, cut):
+            escaped = escape_utf8_lines(text + b"\n")[:-1].replace(b"\n", b"\\n")
+            end = tail + b',"@continues":true' if more else tail
+            if self._run_id is not None:
+                end += b',"@metadata":{"_id":"%s-%d"}' % (self._run_id.encode(),
+                                                           self._sequence)
+                self._sequence += 1
+            objects.append(b"".join((self._head, escaped, end, b"}")))
+        if not self._batch:
+            return objects, [1] * len(objects)
+        return self._group(objects)
+
     def _one(self, escaped: bytes, tail: bytes) -> tuple:
         """One escaped line as its message: one copy of a long line, not three
         (a line of megabytes is copied once); a short one in the fewest steps."""
@@ -1229,7 +1401,8 @@ class Encoder:
 
 # ---------------------------------------------------------------- reading --
 # Owns stdin: non-blocking reads woken by an edge-triggered epoll, line framing,
-# and the byte-bounded queue that carries encoded messages to the sender.
+# joining lines into multi-line events (--multiline), and the byte-bounded
+# queue that carries encoded messages to the sender.
 
 class Counters:
     """What happened so far, counted where it happens (reader, sender, monitor)."""
@@ -1252,6 +1425,9 @@ class Counters:
         self.events_unspooled = 0  # read, never written to the spool (write errors)
         self.events_memory_only = 0  # read, not spooled, queued in memory (SpoolQueue)
         self.spool_corrupt = 0
+        self.events_joined = 0  # --multiline: events of several lines
+        self.lines_joined = 0  # the lines in them
+        self.events_cut = 0  # events cut at a --multiline cap
 
     def not_handed(self) -> int:
         """Events read and not dropped that ZeroMQ has not accepted (yet)."""
@@ -1444,6 +1620,365 @@ def bounded_segments(segments: list, most: int) -> list:
             out.append(Segment(lines[start:end]))
             start = end
     return out
+
+
+# Joining (--multiline, README "Multi-line events"): between framing and
+# encoding, lines become events.  A rule tells, for each line, whether it
+# begins an event (begins), and, while an event is pending, whether it
+# continues it (follows); the Joiner holds the pending event and emits runs of
+# plain lines (bytes, as the framer made them) and joined events.  A preset
+# rule's scan() finds, in C passes over a run of lines, the first line that
+# may matter: the lines before it cost no Python step of their own.
+
+CONTINUE, TENTATIVE, LAST = range(3)  # what a line does to the pending event (see follows)
+_INDENT = (0x20, 0x09)  # a line that starts with these is indented
+
+
+def _blank(line: bytes) -> bool:
+    return line in (b"", b"\r")
+
+
+def _line_start(chunk: bytes, at: int, pos: int) -> int:
+    """The start of the line of chunk that holds index at (not before pos)."""
+    return max(pos, chunk.rfind(b"\n", pos, at) + 1)
+
+
+def _first_found(chunk: bytes, pos: int, needles: tuple) -> int:
+    """The start of the first line at or after pos that holds one of needles,
+    or -1."""
+    found = [at for at in (chunk.find(n, pos) for n in needles) if at >= 0]
+    return _line_start(chunk, min(found), pos) if found else -1
+
+
+class PythonRule:
+    """CPython's report of an exception (traceback.print_exception): a line
+    "Traceback (most recent call last):" (or "  + Exception Group Traceback
+    ...", or a SyntaxError's '  File "...", line N') begins an event; indented
+    lines continue it, and the first line that is not indented (the exception
+    line) too; then a blank line followed by "During handling of the above
+    exception, another exception occurred:" or "The above exception was the
+    direct cause of the following exception:" continues it with the next
+    traceback."""
+
+    FRAMES, GROUP, EXCEPTION, CHAINING, CHAINED = range(5)
+    _chain = (b"During handling of the above exception, another exception occurred:",
+              b"The above exception was the direct cause of the following exception:")
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._begin = re.compile(
+            rb"(Traceback \(most recent call last\):|  File \".*\", line \d+"
+            rb"|[ \t]*\+ Exception Group Traceback \(most recent call last\):)\r?$")
+
+    def scan(self, chunk: bytes, pos: int) -> int:
+        return _first_found(chunk, pos, (b"Traceback (most recent call last):", b'  File "'))
+
+    def begins(self, line: bytes):
+        match = self._begin.match(line)
+        if match is None:
+            return None
+        return self.GROUP if b"+ Exception Group" in match[1] else self.FRAMES
+
+    def follows(self, state: int, line: bytes):
+        if state == self.CHAINED:
+            if _blank(line):
+                return CONTINUE, state
+            begun = self.begins(line)
+            return None if begun is None else (CONTINUE, begun)
+        if state == self.CHAINING:
+            return (CONTINUE, self.CHAINED) if line.rstrip(b"\r") in self._chain else None
+        if _blank(line):
+            return None if state == self.FRAMES else (TENTATIVE, self.CHAINING)
+        return self._after_line(state, line)
+
+    def _after_line(self, state: int, line: bytes):
+        """follows() for a line that is not blank, in FRAMES, GROUP or EXCEPTION."""
+        if line[0] in _INDENT:
+            return None if state == self.EXCEPTION else (CONTINUE, state)
+        if state == self.FRAMES and not self._begin.match(line):
+            return CONTINUE, self.EXCEPTION
+        return None
+
+
+class JavaRule:
+    """The JVM's report of a Throwable (printStackTrace, an uncaught exception):
+    a line naming it, 'Exception in thread "NAME" ' and a class name, or a
+    dotted class name alone, either followed by ": message" or nothing, begins
+    an event if lines follow that start with a tab and "at ", "... N more",
+    "Suppressed: " or "Caused by: ", or with "Caused by: "; those continue it.
+    Such lines after any other line begin an event of their own."""
+
+    HEAD, TRACE = range(2)
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._head = re.compile(rb'(?:Exception in thread "[^"]*" [\w$.]+|[A-Za-z_$][\w$]*'
+                                rb'(?:\.[A-Za-z_$][\w$]*)+)(?:: .*)?\r?$')
+        self._frame = re.compile(rb"\t+(?:at |\.\.\. \d+ (?:more|common frames omitted)"
+                                 rb"|Suppressed: |Caused by: )|Caused by: ")
+
+    def scan(self, chunk: bytes, pos: int) -> int:
+        found = -1
+        if chunk[pos:pos + 1] == b"\t":
+            return pos
+        at = min((a for a in (chunk.find(b"\n\t", pos), chunk.find(b"Caused by: ", pos))
+                  if a >= 0), default=-1)
+        if at >= 0:  # the line before a continuation may be its head
+            found = _line_start(chunk, _line_start(chunk, at + 1, pos) - 1, pos)
+        last = _line_start(chunk, len(chunk) - 1, pos)  # a head may be followed later
+        if (found < 0 or last < found) and self._head.match(chunk, last, len(chunk) - 1):
+            found = last
+        return found
+
+    def begins(self, line: bytes):
+        if self._frame.match(line):
+            return self.TRACE
+        return self.HEAD if self._head.match(line) else None
+
+    def follows(self, state: int, line: bytes):
+        return (CONTINUE, self.TRACE) if self._frame.match(line) else None
+
+
+class GoRule:
+    """The Go runtime's report of a panic or fatal error: a line starting with
+    "panic: " or "fatal error: " begins an event; lines starting with a tab,
+    "[signal ", "goroutine N [...]:" and "runtime stack:" continue it, and in a
+    goroutine's stack its function lines ("main.main()", "created by ...");
+    blank lines continue it when such a line follows them."""
+
+    PANIC, STACK = range(2)
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._begin = re.compile(rb"panic: |fatal error: ")
+        self._block = re.compile(rb"goroutine \d+ .*\]:\r?$|runtime stack:\r?$")
+        self._function = re.compile(
+            rb"[^\s(]+\(.*\)\r?$|created by |\.\.\.additional frames elided")
+
+    def scan(self, chunk: bytes, pos: int) -> int:
+        return _first_found(chunk, pos, (b"panic: ", b"fatal error: "))
+
+    def begins(self, line: bytes):
+        return self.PANIC if self._begin.match(line) else None
+
+    def follows(self, state: int, line: bytes):
+        if _blank(line):
+            return TENTATIVE, state
+        if line[0] == 0x09 or line.startswith(b"[signal "):
+            return CONTINUE, state
+        if self._block.match(line):
+            return CONTINUE, self.STACK
+        if state == self.STACK and self._function.match(line):
+            return CONTINUE, state
+        return None
+
+
+class RubyRule:
+    """Ruby's report of an uncaught exception: 'FILE:LINE:in `METHOD': message
+    (Class)' begins an event; lines starting with a tab and "from FILE:LINE:"
+    or "... N levels..." continue it, and so does a cause's own first line."""
+
+    TRACE = 0
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._begin = re.compile(rb"[^\s:][^:]*:\d+:in [`'].*\)\r?$")  # one place: linear
+        self._from = re.compile(rb"\t+(?:from \S.*?:\d+:in |\.\.\. \d+ levels\.\.\.)")
+
+    def scan(self, chunk: bytes, pos: int) -> int:
+        return _first_found(chunk, pos, (b":in `", b":in '"))
+
+    def begins(self, line: bytes):
+        return self.TRACE if self._begin.match(line) else None
+
+    def follows(self, state: int, line: bytes):
+        if self._from.match(line) or self._begin.match(line):
+            return CONTINUE, state
+        return None
+
+
+PRESET_RULES = {"python": PythonRule, "java": JavaRule, "go": GoRule, "ruby": RubyRule}
+
+
+class Presets:
+    """Several preset rules at once: the first whose begins() takes a line
+    owns the event it begins; the state is (rule, its state)."""
+
+    def __init__(self, names: tuple):
+        self._rules = [PRESET_RULES[name]() for name in names]
+
+    def scan(self, chunk: bytes, pos: int) -> int:
+        found = [at for at in (rule.scan(chunk, pos) for rule in self._rules) if at >= 0]
+        return min(found) if found else -1
+
+    def begins(self, line: bytes):
+        for rule in self._rules:
+            state = rule.begins(line)
+            if state is not None:
+                return rule, state
+        return None
+
+    def follows(self, state: tuple, line: bytes):
+        rule, inner = state
+        step = rule.follows(inner, line)
+        return None if step is None else (step[0], (rule, step[1]))
+
+
+class PatternRule:
+    """--multiline-pattern with Filebeat's negate and match: a line continues
+    when the pattern is found in its first MULTILINE_MATCH_BYTES bytes (when
+    it is not, with negate).  match after: a continuing line joins the event
+    before it, and every other line begins one; match before: a continuing
+    line begins or continues an event that the next other line ends.  Every
+    line is tested: costlier than a preset."""
+
+    def __init__(self, pattern: re.Pattern, negate: bool, after: bool):
+        self._search = pattern.search
+        self._negate = negate
+        self._after = after
+
+    def _continues(self, line: bytes) -> bool:
+        return (self._search(line, 0, MULTILINE_MATCH_BYTES) is None) is self._negate
+
+    @staticmethod
+    def scan(chunk: bytes, pos: int) -> int:
+        return pos
+
+    def begins(self, line: bytes):
+        return True if self._after or self._continues(line) else None
+
+    def follows(self, state, line: bytes):
+        if self._continues(line):
+            return CONTINUE, state
+        return None if self._after else (LAST, state)
+
+
+def joining_rule(multiline: Multiline):
+    """The rule that --multiline or --multiline-pattern names."""
+    if multiline.pattern is not None:
+        return PatternRule(multiline.pattern, multiline.negate, multiline.after)
+    if len(multiline.presets) == 1:
+        return PRESET_RULES[multiline.presets[0]]()
+    return Presets(multiline.presets)
+
+
+class Joined:
+    """Events the Joiner made: texts (lines joined by b"\\n"), and for each
+    whether it was cut at a cap (its rest follows in the next).  A plain
+    class: a NamedTuple's creation would cost every start."""
+
+    __slots__ = ("cut", "texts")
+
+    def __init__(self, texts: list, cut: list):
+        self.texts = texts
+        self.cut = cut
+
+
+class Joiner:
+    """Groups complete lines into events by a rule; holds at most one pending
+    event (at most max_lines lines and max_bytes bytes: past either it is cut
+    and the rest goes on in a new event) and the blank lines whose fate the
+    next line decides.
+
+    feed() and flush() return, in order, bytes (runs of whole lines, each its
+    own event, as encode() takes them) and Joined events.  An event of one
+    line leaves as a line.  Counts the events and lines joined and the
+    events cut."""
+
+    def __init__(self, rule, max_lines: int, max_bytes: int, counters: Counters):
+        self._rule = rule
+        self._max_lines = max_lines
+        self._max_bytes = max_bytes
+        self._counters = counters
+        self._lines: list = []  # the pending event's lines, without newlines
+        self._size = 0  # its text's length (lines and the newlines between them)
+        self._state = None
+        self._tentative: list = []  # lines held until the next one decides
+
+    def pending(self) -> int:
+        """Lines held: the pending event's and the tentative ones."""
+        return len(self._lines) + len(self._tentative)
+
+    def feed(self, chunk: bytes) -> list:
+        """The output of chunk (whole lines, CR before newline already stripped
+        where it is to be)."""
+        out: list = []
+        pos, size, scan = 0, len(chunk), self._rule.scan
+        while pos < size:
+            if not self._lines:
+                found = scan(chunk, pos)
+                if found < 0:
+                    out.append(chunk[pos:] if pos else chunk)
+                    break
+                if found > pos:
+                    out.append(chunk[pos:found])
+                    pos = found
+            end = chunk.index(b"\n", pos)
+            self._take(chunk[pos:end], out)
+            pos = end + 1
+        return out
+
+    def flush(self) -> list:
+        """The pending event and the tentative lines, emitted now."""
+        out: list = []
+        self._emit(out)
+        return out
+
+    def _take(self, line: bytes, out: list):
+        if self._lines:
+            step = self._rule.follows(self._state, line)
+            if step is not None:
+                action, self._state = step
+                if action == TENTATIVE:
+                    self._tentative.append(line)
+                    return
+                for held in self._tentative:
+                    self._append(held, out)
+                self._tentative = []
+                self._append(line, out)
+                if action == LAST:
+                    self._emit(out)
+                return
+            self._emit(out)
+        state = self._rule.begins(line)
+        if state is None:
+            out.append(line + b"\n")
+        else:
+            self._state = state
+            self._lines, self._size = [line], len(line)
+
+    def _append(self, line: bytes, out: list):
+        """Add line to the pending event, cutting it first at a cap."""
+        if len(self._lines) >= self._max_lines or \
+                self._size + 1 + len(line) > self._max_bytes:
+            self._counters.events_cut += 1
+            self._emit(out, cut=True)
+            self._lines, self._size = [line], len(line)
+            return
+        self._lines.append(line)
+        self._size += 1 + len(line)
+
+    def _emit(self, out: list, cut: bool = False):
+        """Emit the pending event (cut: its rest follows), then the tentative
+        lines as lines of their own."""
+        lines = self._lines
+        if len(lines) > 1:
+            self._counters.events_joined += 1
+            self._counters.lines_joined += len(lines)
+            if out and isinstance(out[-1], Joined):
+                out[-1].texts.append(b"\n".join(lines))
+                out[-1].cut.append(cut)
+            else:
+                out.append(Joined([b"\n".join(lines)], [cut]))
+        elif lines:
+            if cut:
+                out.append(Joined([lines[0]], [True]))
+            else:
+                out.append(lines[0] + b"\n")
+        self._lines, self._size = [], 0
+        if not cut and self._tentative:
+            out.append(b"\n".join(self._tentative) + b"\n")
+            self._tentative = []
 
 
 class Parcel(NamedTuple):
@@ -1849,10 +2384,18 @@ class StdinReader:
             turned = short and waited
             self._asking = self._slow_bytes if short else self._read_bytes
         self.ended.set()
-        await self._hand_over(self._framer.finish(), 0)
+        await self._hand_over_last()
         await self._queue.put(END)
         if failure is not None:
             raise InputError(failure.strerror or str(failure)) from failure
+
+    async def _hand_over_last(self):
+        """Hand over the unfinished last line (no newline at EOF), if any."""
+        await self._hand_over(self._framer.finish(), 0)
+
+    def report(self, action):
+        """Run action, a report of the counters (SIGUSR1)."""
+        action()
 
     def _drained(self) -> bool:
         """True if fd is a pipe that holds no byte now (FIONREAD) and epoll
@@ -2031,6 +2574,158 @@ class StdinReader:
                 raise
         if self._replies is not None:
             await self._replies.reply(True, parcel.ends_line.count(True))
+
+
+class JoiningReader(StdinReader):
+    """StdinReader for --multiline and --multiline-pattern: its lines go through
+    a Joiner before they are encoded (the plain reader's per-read path is left
+    as it is: this class is chosen at start-up).
+
+    A pending event leaves when the rule ends it, at EOF and stop(), before
+    a SIGUSR1 report (see report()), and after `timeout` seconds without a
+    new line: the one timer that runs only while an event is pending.
+    --confirm (with a spool: see multiline_from) answers each line once the
+    spool or the pending event holds it."""
+
+    def __init__(self, fd: int, queue: ByteQueue, *, joiner: Joiner, timeout: float,
+                 replies: Replies | None = None, **kwargs):
+        super().__init__(fd, queue, **kwargs)
+        self._joiner = joiner
+        self._timeout = timeout
+        self._answers = replies  # the base class's replies stay None: lines are answered here
+        self._last_line = 0.0  # loop time of the last line taken
+        self._timer: asyncio.TimerHandle | None = None
+        self._lock = asyncio.Lock()  # one hand-over or flush at a time, in order
+        self._flushes: set = set()  # tasks of timer and report flushes
+
+    async def run(self):
+        """As StdinReader.run(); "OK" first with --confirm."""
+        if self._answers is not None:
+            await self._answers.reply(True)
+        await super().run()
+
+    async def _hand_over(self, segments: list, nread: int):
+        """Join, encode and queue segments; answer their lines (--confirm)."""
+        async with self._lock:
+            await self._join(segments, nread)
+        self._arm()
+
+    async def _hand_over_last(self):
+        """The unfinished last line, then the pending event (at EOF or stop())."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        async with self._lock:
+            await self._join(self._framer.finish(), 0)
+            await self._queue_output(self._joiner.flush())
+
+    async def _join(self, segments: list, nread: int):
+        self._counters.bytes_read += nread
+        out, lines = [], 0
+        for seg in bounded_segments(segments, ENCODE_LINES):
+            if seg.continues:  # a piece of an over-long line: the event before it ends
+                out += self._joiner.flush()
+                out.append(seg)
+                continue
+            chunk = seg.lines
+            if seg.strip_cr and 0x0D in chunk:
+                chunk = chunk.replace(b"\r\n", b"\n")
+            if self._answers is not None:
+                lines += chunk.count(b"\n")
+            out += self._joiner.feed(chunk)
+        await self._queue_output(out)
+        if segments:
+            self._last_line = self._loop.time()
+        if lines:
+            await self._answers.reply(True, lines)
+
+    async def _queue_output(self, out: list):
+        """Encode the Joiner's output (and pieces of over-long lines) and queue
+        it in Parcels of about ENCODE_LINES events."""
+        messages, events, ends = [], [], []
+        plain: list = []
+        for index, item in enumerate(out):
+            if isinstance(item, bytes):
+                plain.append(item)
+                if index + 1 < len(out) and isinstance(out[index + 1], bytes):
+                    continue
+                encoded, counts = self._encoder.encode(
+                    plain[0] if len(plain) == 1 else b"".join(plain), False, False,
+                    self._read_at)
+                plain = []
+                ends += [True] * len(encoded)
+            elif isinstance(item, Joined):
+                encoded, counts = self._encoder.encode_events(item.texts, item.cut,
+                                                              self._read_at)
+                ends += [True] * len(encoded)
+            else:  # a Segment: a piece of an over-long line
+                encoded, counts = self._encoder.encode(item.lines, item.strip_cr,
+                                                       item.continues, self._read_at)
+                ends += [True] * (len(encoded) - 1) + [False]
+                self._counters.pieces += 1
+            messages += encoded
+            events += counts
+            if len(messages) >= ENCODE_LINES:
+                await self._put(parcel_of(messages, events, ends), sum(events))
+                messages, events, ends = [], [], []
+        if messages:
+            await self._put(parcel_of(messages, events, ends), sum(events))
+
+    def _arm(self):
+        """Start the quiet timer if an event is pending and none runs."""
+        if self._timer is None and self._joiner.pending():
+            self._timer = self._loop.call_later(self._timeout, self._on_quiet)
+
+    def _on_quiet(self):
+        """The quiet timer: flush the pending event if no line came for the
+        timeout, else wait out the rest of it."""
+        self._timer = None
+        if self._joiner.pending() and not self._stopping:
+            left = self._last_line + self._timeout - self._loop.time()
+            if left > MIN_WINDOW:
+                self._timer = self._loop.call_later(left, self._on_quiet)
+            else:
+                self._after_flush(self._flush_if_quiet())
+
+    async def _flush_if_quiet(self):
+        async with self._lock:
+            if self._last_line + self._timeout - self._loop.time() <= MIN_WINDOW:
+                await self._queue_output(self._joiner.flush())
+        self._arm()
+
+    def report(self, action):
+        """Run action (a report of the counters) once the pending event is queued."""
+        if not self._joiner.pending():
+            action()
+            return
+
+        async def flush_then_report():
+            async with self._lock:
+                await self._queue_output(self._joiner.flush())
+            action()
+        self._after_flush(flush_then_report())
+
+    def _after_flush(self, coroutine):
+        """Run coroutine as a task; its failure ends the run (the loop's
+        exception handler: see Shipper)."""
+        task = self._loop.create_task(coroutine)
+        self._flushes.add(task)
+        task.add_done_callback(self._flushed)
+
+    def _flushed(self, task: asyncio.Task):
+        self._flushes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._loop.call_exception_handler({"message": "flushing a multi-line event",
+                                               "exception": task.exception()})
+
+    def close(self):
+        """As StdinReader.close(), and no timer or flush is left behind."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in self._flushes:
+            task.cancel()
+        super().close()
 
 
 # --------------------------------------------------------------- spooling --
@@ -4171,7 +4866,9 @@ class Reporter:
                 "drain_waits": c.drain_waits, "connected": c.connected,
                 "disconnects": c.disconnects, "replayed": c.events_replayed,
                 "window_bytes": self._sender.window.nbytes,
-                "handshake_failures": c.handshake_failures, "refused": c.refused}
+                "handshake_failures": c.handshake_failures, "refused": c.refused,
+                **({"joined": c.events_joined, "joined_lines": c.lines_joined,
+                    "cut": c.events_cut} if self._config.multiline is not None else {})}
 
     def _spool_values(self) -> dict:
         """The spool's figures: bytes and segments on disk, bytes not yet sent
@@ -4331,6 +5028,14 @@ METRICS = (
      "Bytes in the aiozmq transport buffer.", "transport_bytes"),
     ("zmqpush_replay_window_bytes", "gauge", "Bytes the replay window holds.", "window_bytes"),
 )
+MULTILINE_METRICS = (
+    ("zmqpush_multiline_events_total", "counter",
+     "Multi-line events joined (--multiline).", "joined"),
+    ("zmqpush_multiline_lines_total", "counter",
+     "Lines joined into multi-line events.", "joined_lines"),
+    ("zmqpush_multiline_cut_events_total", "counter",
+     "Multi-line events cut at a cap in lines or bytes.", "cut"),
+)
 SPOOL_METRICS = (
     ("zmqpush_spool_bytes", "gauge", "Bytes of the spool's segments on disk.", "spool_bytes"),
     ("zmqpush_spool_segments", "gauge", "Segment files of the spool.", "spool_segments"),
@@ -4369,7 +5074,8 @@ class Exposition:
     def text(self, figures: dict, now: float, exit_code: int | None = None) -> str:
         """# HELP, # TYPE and one sample for each metric; exit_code's only if given."""
         labels = self._labels
-        metrics = METRICS + (SPOOL_METRICS if "spool_bytes" in figures else ())
+        metrics = (METRICS + (SPOOL_METRICS if "spool_bytes" in figures else ())
+                   + (MULTILINE_METRICS if "joined" in figures else ()))
         values = [(name, kind, text, figures[key]) for name, kind, text, key in metrics]
         values += [
             ("zmqpush_start_time_seconds", "gauge",
@@ -4805,12 +5511,19 @@ class Shipper:
         encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
                           config.timestamp, array_bytes=config.array_bytes,
                           run_id=os.urandom(8).hex() if config.event_ids else None)
-        self._reader = StdinReader(
-            self._stdin_fd, self._queue, encoder=encoder,
-            framer=LineFramer(config.max_line_bytes), counters=self.counters,
+        reading = dict(
+            encoder=encoder, framer=LineFramer(config.max_line_bytes), counters=self.counters,
             read_bytes=config.batch_bytes if config.batch else DEFAULT_READ_BYTES,
             drop_when_full=config.when_full == "drop", coalesce=config.coalesce,
             replies=self._replies if spool is not None else None)
+        multiline = config.multiline
+        if multiline is None:
+            self._reader = StdinReader(self._stdin_fd, self._queue, **reading)
+        else:
+            joiner = Joiner(joining_rule(multiline), multiline.max_lines, multiline.max_bytes,
+                            self.counters)
+            self._reader = JoiningReader(self._stdin_fd, self._queue, joiner=joiner,
+                                         timeout=multiline.timeout, **reading)
         if spool is not None:
             # --confirm answers a line once spooled: one kept in memory only
             # would be answered before anything holds it for good.
@@ -4986,6 +5699,10 @@ class Shipper:
                         f"{counters.disconnects} receiver disconnects")
         if counters.events_refused:
             closing += f". Refused {counters.events_refused} lines to rsyslog (it sends them again)"
+        if self.config.multiline is not None:
+            closing += (f". Joined {counters.lines_joined} lines into "
+                        f"{counters.events_joined} multi-line events "
+                        f"({counters.events_cut} cut at a cap)")
         if spool is not None:
             closing += self._spool_closing(left)
         write_stderr(closing + "\n")
@@ -5035,7 +5752,8 @@ class Shipper:
         stops = stop_signals()
         for signum in stops:
             loop.add_signal_handler(signum, self._on_stop_signal, signum)
-        loop.add_signal_handler(signal.SIGUSR1, self._reporter.print_stats)
+        loop.add_signal_handler(signal.SIGUSR1, self._reader.report,
+                                self._reporter.print_stats)
         early = [signal.sigtimedwait(stops, 0) for _ in stops if signal.sigpending() & stops]
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
         if any(early):

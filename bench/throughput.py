@@ -25,6 +25,7 @@ excluded.  --validate uses bench/sink.py (strict JSON parse of every event) as t
 receiver instead, to check validity: its rates are then capped by that receiver.
 --curve compares zmqpush with CURVE off and on (keys made with zmqpush.py
 --make-cert), receiver bench/sink.py, a CURVE server for the CURVE rows.
+--multiline compares the plain mode with --multiline presets (joining on).
 """
 import argparse
 import os
@@ -52,6 +53,18 @@ def rows(args, cship: str, certs: str) -> dict:
     --curve, zmqpush with CURVE off and on (rows ending in CURVE) instead of the
     replay rows; the keys are in certs."""
     zmqpush = [args.python, args.zmqpush, "-q"]
+    if args.multiline:
+        return {
+            C_LINE: [cship, "ENDPOINT"],
+            C_ARRAY: [cship, "ENDPOINT", "--array"],
+            "zmqpush": [*zmqpush, "-c", "ENDPOINT"],
+            "zmqpush --multiline python": [*zmqpush, "--multiline", "python", "-c", "ENDPOINT"],
+            "zmqpush --multiline python,java,go,ruby": [
+                *zmqpush, "--multiline", "python,java,go,ruby", "-c", "ENDPOINT"],
+            "zmqpush --batch": [*zmqpush, "--batch", "-c", "ENDPOINT"],
+            "zmqpush --batch --multiline python": [*zmqpush, "--batch", "--multiline",
+                                                   "python", "-c", "ENDPOINT"],
+        }
     if args.curve:
         keys = ["--curve-server-cert", os.path.join(certs, "server.key"),
                 "--curve-cert", os.path.join(certs, "client.key_secret")]
@@ -150,11 +163,14 @@ def main() -> int:
     p.add_argument("--curve", action="store_true",
                    help="zmqpush with CURVE off and on (implies --validate: the receiver "
                    "is bench/sink.py, a CURVE server for the CURVE rows)")
+    p.add_argument("--multiline", action="store_true",
+                   help="zmqpush plain against --multiline presets on the same corpus "
+                   "(README \"Multi-line events\")")
     args = p.parse_args()
     args.validate = args.validate or args.curve
     with tempfile.TemporaryDirectory() as tmp:
         shippers = rows(args, build("cship"), tmp)
-        if not args.no_floor and not args.curve:
+        if not args.no_floor and not args.curve and not args.multiline:
             shippers[FLOOR] = [args.python, str(HERE / "floor.py"), "ENDPOINT"]
         for name in ("server", "client"):
             if args.curve:
