@@ -4,6 +4,7 @@ events received."""
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -350,3 +351,136 @@ def test_environment_twins(receiver):
     assert proc.returncode == 0, proc.stderr
     (event,) = events_of(receiver, 1)
     assert (event["message"], event["app"]) == ("m", {"a": 1})
+
+
+# ------------------------------------------------------------------ journald --
+JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
+BOOT_ID = "0123456789abcdef0123456789abcdef"
+FIRST_MICROS = 1764072000000000
+
+
+def export_entry(fields: list) -> bytes:
+    """One entry of the journal export format: KEY=VALUE lines, binary-safe
+    KEY\\n<le64 size><data>\\n for values with newlines or control bytes."""
+    out = b""
+    for key, value in fields:
+        if all(32 <= c < 127 or c >= 128 for c in value) and b"\n" not in value:
+            out += key + b"=" + value + b"\n"
+        else:
+            out += key + b"\n" + len(value).to_bytes(8, "little") + value + b"\n"
+    return out + b"\n"
+
+
+JOURNAL_ENTRIES = [
+    [(b"MESSAGE", b"hello %d" % i), (b"PRIORITY", b"6"), (b"SYSLOG_IDENTIFIER", b"app"),
+     (b"_PID", b"42"), (b"_HOSTNAME", b"web1"), (b"_SYSTEMD_UNIT", b"app.service"),
+     (b"SYSLOG_FACILITY", b"3")] for i in range(3)
+] + [
+    [(b"MESSAGE", b"bin\xff\x01 line\nnext"), (b"TAG", b"a"), (b"TAG", b"b"),
+     (b"BIG", b"x" * 5000), (b"PRIORITY", b"3"), (b"SYSLOG_IDENTIFIER", b"one"),
+     (b"SYSLOG_IDENTIFIER", b"two")],
+    [(b"MESSAGE", b"m" * 5000), (b"SYSLOG_IDENTIFIER", b"big")],
+]
+
+
+def journal_file(tmp_path) -> str:
+    """A real journal file of JOURNAL_ENTRIES, written by systemd-journal-remote."""
+    if not os.path.exists(JOURNAL_REMOTE):
+        pytest.fail(f"{JOURNAL_REMOTE} is missing: .ci/run installs systemd-journal-remote")
+    data = b"".join(export_entry([
+        (b"__REALTIME_TIMESTAMP", b"%d" % (FIRST_MICROS + n * 1001)),
+        (b"__MONOTONIC_TIMESTAMP", b"%d" % (1000 + n)), (b"_BOOT_ID", BOOT_ID.encode()),
+        *fields]) for n, fields in enumerate(JOURNAL_ENTRIES))
+    path = str(tmp_path / "F.journal")
+    subprocess.run([JOURNAL_REMOTE, "-o", path, "-"], input=data, check=True,
+                   capture_output=True, timeout=30)
+    return path
+
+
+def journalctl(path: str, *args) -> bytes:
+    return subprocess.run(["journalctl", "--file", path, "-o", "json", *args],
+                          capture_output=True, check=True, timeout=30).stdout
+
+
+def iso(micros: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(micros // 10**6)) + \
+        f".{micros % 10**6:06d}Z"
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["all", "without-all"])
+def test_journalctl_json_of_a_real_journal_file(tmp_path, receiver, full):
+    path = journal_file(tmp_path)
+    entries = journalctl(path, *(["--all"] if full else []))
+    cursors = [json.loads(line)["__CURSOR"] for line in entries.splitlines()]
+    assert len(cursors) == len(JOURNAL_ENTRIES)
+    proc = run(["journal", "--journal", "-c", receiver.endpoint], entries)
+    assert proc.returncode == 0, proc.stderr
+    events = events_of(receiver, len(JOURNAL_ENTRIES))
+    for n, event in enumerate(events):
+        assert event["type"] == "journal" and event["@metadata"] == {"_id": cursors[n]}
+        assert event["@timestamp"] == iso(FIRST_MICROS + n * 1001)
+        rest = event["journald"]
+        assert rest["_BOOT_ID"] == BOOT_ID and rest["__MONOTONIC_TIMESTAMP"] == str(1000 + n)
+        assert "MESSAGE" not in rest and "__CURSOR" not in rest
+    for n in range(3):
+        assert {k: events[n][k] for k in ("message", "severity", "facility", "program",
+                                           "pid", "logsource", "unit")} == {
+            "message": f"hello {n}", "severity": 6, "facility": 3, "program": "app",
+            "pid": 42, "logsource": "web1", "unit": "app.service"}
+    binary = events[3]
+    assert binary["message"] == "bin\ufffd\x01 line\nnext"  # journalctl's byte array
+    assert binary["journald"]["TAG"] == ["a", "b"]  # a repeated field
+    assert binary["severity"] == 3
+    # a repeated field that has a name of its own: one of its values
+    assert binary["program"] in ("one", "two") and "SYSLOG_IDENTIFIER" not in binary["journald"]
+    big = events[4]
+    if full:
+        assert binary["journald"]["BIG"] == "x" * 5000 and big["message"] == "m" * 5000
+        assert "@json_error" not in big
+    else:  # journalctl writes null for fields over 4096 bytes
+        assert binary["journald"]["BIG"] is None and "message" not in big
+        assert big["@json_error"].startswith("MESSAGE is null")
+    assert big["program"] == "big"
+
+
+def test_journal_with_ecs_names(tmp_path, receiver):
+    path = journal_file(tmp_path)
+    proc = run(["journal", "--journal", "--host-field-ecs", "--event-id",
+                "-c", receiver.endpoint], journalctl(path, "--all"))
+    assert proc.returncode == 0, proc.stderr
+    event = events_of(receiver, len(JOURNAL_ENTRIES))[0]
+    assert event["log"] == {"syslog": {"severity": {"code": 6}, "facility": {"code": 3},
+                                       "appname": "app"}}
+    assert event["process"] == {"pid": 42} and event["systemd"] == {"unit": "app.service"}
+    assert event["host"]["hostname"] == "web1" and event["host"]["name"]
+    assert event["@metadata"]["_id"].startswith("s=")  # the cursor, not RUN-SEQ
+
+
+@pytest.mark.parametrize("spool", [False, True], ids=["memory", "spool"])
+def test_journal_restart_loses_what_journalctl_printed_unless_spooled(tmp_path, spool):
+    """journalctl --cursor-file saves the cursor of what it printed: what zmqpush
+    read but did not deliver is never printed again.  Only --spool keeps it."""
+    path = journal_file(tmp_path)
+    cursor_file = str(tmp_path / "cursor")
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    args = ["journal", "--journal", "-c", endpoint,
+            *(["--spool", str(tmp_path / "spool")] if spool else [])]
+    first = run([*args, "--linger", "0.2"],
+                journalctl(path, "--all", f"--cursor-file={cursor_file}"))
+    assert first.returncode == 3, first.stderr  # no receiver: not delivered
+    receiver = Receiver(port)
+    try:
+        again = journalctl(path, "--all", f"--cursor-file={cursor_file}")
+        assert again == b""  # journalctl goes on after what it printed
+        second = run(args, again)
+        assert second.returncode == 0, second.stderr
+        receiver.settle(1.0)
+        events = receiver.events()
+    finally:
+        receiver.stop()
+    if spool:
+        assert [e["message"] for e in events[:3]] == [f"hello {n}" for n in range(3)]
+        assert len(events) == len(JOURNAL_ENTRIES)
+    else:
+        assert events == []
