@@ -34,6 +34,7 @@ import fcntl
 import itertools
 import json
 import json.encoder
+import operator
 import re
 import select
 import socket
@@ -1239,6 +1240,11 @@ def _refuse_constant(name: str):
 
 # The C scanner itself, without JSONDecoder.decode()'s Python steps around it.
 _scan_json = json.JSONDecoder(parse_constant=_refuse_constant).scan_once
+# A line this short cannot nest deeper than MAX_JSON_DEPTH.
+QUICK_JSON_CHARS = 2 * MAX_JSON_DEPTH
+# After a chunk with a line the scanner refused, this many are parsed line by line.
+BULK_RETRY_CHUNKS = 16
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _dump_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
                               allow_nan=False).encode
 
@@ -1333,6 +1339,7 @@ class JsonEncoder:
         self._watched = frozenset(ours | set(RESERVED_CHECKS)
                                   | ({message_key} if message_key else set()))
         self._cut = False  # the next line is the last piece of a line that was cut
+        self._bulk_wait = 0  # chunks to parse line by line yet (see _parse_all)
 
     def encode(self, lines: bytes, strip_cr: bool = True, continues: bool = False,
                read_at: float = 0.0) -> tuple:
@@ -1342,36 +1349,91 @@ class JsonEncoder:
         tail = self._tail
         if self._timestamp:
             tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
-        raws = lines.split(b"\n")
-        raws.pop()
-        texts = self._texts(lines, raws)
         events = []
         if continues or self._cut:  # a piece of a cut line: the segment's first line
-            events.append(self._piece(raws.pop(0), tail, continues))
-            del texts[0]
+            first = lines.index(b"\n")
+            events.append(self._piece(lines[:first], tail, continues))
+            lines = lines[first + 1:]
         self._cut = continues
-        event, ids = self._event, self._run_id is not None
-        closing = tail + b"}"
-        for raw, text in zip(raws, texts):
-            events.append(event(raw, text, self._closing(tail) if ids else closing))
+        if lines:
+            events += self._events(lines, tail)
         if not self._batch:
             return events, [1] * len(events)
         return group_events(events, self._array_bytes)
 
-    @staticmethod
-    def _texts(lines: bytes, raws: list) -> list:
-        """Each line decoded, or None where it is not valid UTF-8."""
+    def _events(self, lines: bytes, tail: bytes) -> list:
+        """The events of whole lines: all parsed in one go and, when every one is
+        an object that can be spliced, spliced in one go; else line by line."""
+        raws = lines.split(b"\n")
+        raws.pop()
         try:
-            texts = lines.decode("utf-8").split("\n")
+            text = lines.decode("utf-8")
         except UnicodeDecodeError:
-            texts = [None] * len(raws)
-            for index, raw in enumerate(raws):
-                try:
-                    texts[index] = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    pass
-            return texts
+            return self._each(raws, self._texts(raws), tail)
+        texts = text.split("\n")
         texts.pop()
+        parsed = self._parse_all(texts)
+        if parsed is None:
+            return self._each(raws, texts, tail)
+        if self._run_id is None and "\\u" not in text and self._spliceable(texts, parsed):
+            return self._splice_all(lines, tail + b"}")
+        ids, closing, event = self._run_id is not None, tail + b"}", self._parsed
+        return [event(raw, text, obj, end, self._closing(tail) if ids else closing)
+                for raw, text, (obj, end) in zip(raws, texts, parsed)]
+
+    def _parse_all(self, texts: list) -> list | None:
+        """(object, end) of every text, by the C scanner alone, or None when
+        one is refused: then lines are parsed one by one, for this chunk and
+        the next BULK_RETRY_CHUNKS (input that mixes in other lines)."""
+        if self._bulk_wait:
+            self._bulk_wait -= 1
+            return None
+        try:  # the scanner's StopIteration (no value at all) ends map() early
+            parsed = list(map(_scan_json, texts, itertools.repeat(0)))
+        except (ValueError, RecursionError):
+            parsed = None
+        if parsed is None or len(parsed) != len(texts):
+            self._bulk_wait = BULK_RETRY_CHUNKS
+            return None
+        return parsed
+
+    def _spliceable(self, texts: list, parsed: list) -> bool:
+        """True if every line is a non-empty object, parsed to its end, with no
+        key watched and not too deep: the fast path of each."""
+        objects = list(map(_FIRST, parsed))
+        return (self.splices and list(map(_SECOND, parsed)) == list(map(len, texts))
+                and set(map(type, objects)) == {dict} and all(objects)
+                and all(map(self._watched.isdisjoint, objects))
+                and (max(map(len, texts)) <= QUICK_JSON_CHARS or not any(
+                    len(t) > QUICK_JSON_CHARS and t.count("{") + t.count("[") > MAX_JSON_DEPTH
+                    for t in texts)))
+
+    def _splice_all(self, lines: bytes, closing: bytes) -> list:
+        """Every line (each an object ending in "}") spliced, in a few passes."""
+        head = self._target_head
+        if head is None:
+            body = lines.replace(b"}\n", b"," + closing + _MESSAGE_MARK)
+        else:
+            body = (head + lines).replace(b"\n", b"," + closing + _MESSAGE_MARK + head)
+        messages = body.split(_MESSAGE_MARK)
+        messages.pop()
+        return messages
+
+    def _each(self, raws: list, texts: list, tail: bytes) -> list:
+        """The events of lines, one by one."""
+        ids, closing, event = self._run_id is not None, tail + b"}", self._event
+        return [event(raw, text, self._closing(tail) if ids else closing)
+                for raw, text in zip(raws, texts)]
+
+    @staticmethod
+    def _texts(raws: list) -> list:
+        """Each line decoded, or None where it is not valid UTF-8."""
+        texts = []
+        for raw in raws:
+            try:
+                texts.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                texts.append(None)
         return texts
 
     def _closing(self, tail: bytes) -> bytes:
@@ -1381,38 +1443,39 @@ class JsonEncoder:
 
     def _event(self, raw: bytes, text: str | None, closing: bytes) -> bytes:
         """One line's event; closing holds zmqpush's keys and the closing brace."""
-        if text is None or text[:1] != "{":
-            return self._unbraced(raw, text, closing)
-        try:
-            obj, end = _scan_json(text, 0)
-        except (ValueError, StopIteration, RecursionError) as exc:
-            return self._failed(raw, closing, _json_failure(exc))
-        if end != len(text):
-            if text[end:].strip(_JSON_SPACE):
-                return self._failed(raw, closing, "not JSON")
-            raw = raw.rstrip(b" \t\n\r")
-        if (self.splices and self._watched.isdisjoint(obj) and "\\u" not in text
-                and text.count("{") + text.count("[") <= MAX_JSON_DEPTH):
-            return self._splice(raw, bool(obj), closing)
-        return self._object_event(raw, text, obj, closing)
-
-    def _unbraced(self, raw: bytes, text: str | None, closing: bytes) -> bytes:
-        """The event of a line that does not start with "{": an object after
-        whitespace is merged, anything else sent as text."""
         if text is None:
             return self._failed(raw, closing, "invalid UTF-8")
         stripped = text.lstrip(_JSON_SPACE)
-        if stripped[:1] == "{":
-            return self._event(raw.lstrip(b" \t\n\r"), stripped, closing)
-        return self._failed(raw, closing, self._why_not(stripped))
+        if stripped[:1] != "{":
+            return self._failed(raw, closing, self._why_not(stripped))
+        try:
+            obj, end = _scan_json(stripped, 0)
+        except (ValueError, StopIteration, RecursionError) as exc:
+            return self._failed(raw, closing, _json_failure(exc))
+        return self._parsed(raw, stripped, obj, end, closing)
 
-    def _splice(self, raw: bytes, keys: bool, closing: bytes) -> bytes:
-        """The object's own text with zmqpush's keys added (raw ends in "}")."""
+    def _parsed(self, raw: bytes, text: str, obj, end: int, closing: bytes) -> bytes:
+        """The event of raw, whose text (leading whitespace stripped) the
+        scanner parsed to obj, up to end."""
+        if end != len(text) and text[end:].strip(_JSON_SPACE):
+            return self._failed(raw, closing, "not JSON")
+        if type(obj) is not dict:
+            return self._failed(raw, closing, "not a JSON object")
+        body = raw if end == len(text) and raw[:1] == b"{" else raw.strip(b" \t\n\r")
+        if (self.splices and "\\u" not in text and self._watched.isdisjoint(obj)
+                and (len(text) <= QUICK_JSON_CHARS
+                     or text.count("{") + text.count("[") <= MAX_JSON_DEPTH)):
+            return self._splice(body, bool(obj), closing)
+        return self._object_event(raw, body, text, obj, closing)
+
+    def _splice(self, body: bytes, keys: bool, closing: bytes) -> bytes:
+        """The object's own text (body, ending in "}") with zmqpush's keys added."""
         if self._target_head is not None:
-            return b"".join((self._target_head, raw, b",", closing))
-        return b"".join((raw[:-1], b"," if keys else b"", closing))
+            return b"".join((self._target_head, body, b",", closing))
+        return b"".join((body[:-1], b"," if keys else b"", closing))
 
-    def _object_event(self, raw: bytes, text: str, obj: dict, closing: bytes) -> bytes:
+    def _object_event(self, raw: bytes, body: bytes, text: str, obj: dict,
+                      closing: bytes) -> bytes:
         """The slow path: a refused object, a collision, a reserved key or the
         message key (see the class docstring)."""
         refusal = self._refusal(text, obj)
@@ -1429,7 +1492,7 @@ class JsonEncoder:
             obj["message"] = message
         ours = json.loads(b"{" + closing)
         if not (fixes or moved) and ours.keys().isdisjoint(obj):
-            return self._splice(raw, bool(obj), closing)
+            return self._splice(body, bool(obj), closing)
         return self._dump(self._merged(obj, ours), fixes)
 
     def _merged(self, obj: dict, ours: dict) -> dict:
@@ -1557,7 +1620,8 @@ class JournalEncoder(JsonEncoder):
         super().__init__(*args, **kwargs)
         self._ecs = ecs
 
-    def _object_event(self, raw: bytes, text: str, obj: dict, closing: bytes) -> bytes:
+    def _object_event(self, raw: bytes, body: bytes, text: str, obj: dict,
+                      closing: bytes) -> bytes:
         refusal = self._refusal(text, obj)
         if refusal is not None:
             return self._failed(raw, closing, refusal)
