@@ -1375,7 +1375,8 @@ class JsonEncoder:
         parsed = self._parse_all(texts)
         if parsed is None:
             return self._each(raws, texts, tail)
-        if self._run_id is None and "\\u" not in text and self._spliceable(texts, parsed):
+        if (self._run_id is None and _SURROGATE_ESCAPE.search(text) is None
+                and self._spliceable(texts, parsed)):
             return self._splice_all(lines, tail + b"}")
         ids, closing, event = self._run_id is not None, tail + b"}", self._parsed
         return [event(raw, text, obj, end, self._closing(tail) if ids else closing)
@@ -1399,7 +1400,8 @@ class JsonEncoder:
 
     def _spliceable(self, texts: list, parsed: list) -> bool:
         """True if every line is a non-empty object, parsed to its end, with no
-        key watched and not too deep: the fast path of each."""
+        key watched and not too deep: the fast path of each (the caller saw
+        no escaped surrogate)."""
         objects = list(map(_FIRST, parsed))
         return (self.splices and list(map(_SECOND, parsed)) == list(map(len, texts))
                 and set(map(type, objects)) == {dict} and all(objects)
@@ -1462,7 +1464,8 @@ class JsonEncoder:
         if type(obj) is not dict:
             return self._failed(raw, closing, "not a JSON object")
         body = raw if end == len(text) and raw[:1] == b"{" else raw.strip(b" \t\n\r")
-        if (self.splices and "\\u" not in text and self._watched.isdisjoint(obj)
+        if (self.splices and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
+                and self._watched.isdisjoint(obj)
                 and (len(text) <= QUICK_JSON_CHARS
                      or text.count("{") + text.count("[") <= MAX_JSON_DEPTH)):
             return self._splice(body, bool(obj), closing)
