@@ -4,12 +4,14 @@ events received."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 
 import pytest
+from rsyslog import PrivateRsyslog, available
 
-from conftest import Receiver, closing_count, free_port, run, start, stop_process
+from conftest import ZMQPUSH, Receiver, closing_count, free_port, run, start, stop_process
 
 DEEPEST = 100  # README "Structured logs": the deepest nesting merged
 
@@ -490,3 +492,56 @@ def test_journal_restart_loses_what_journalctl_printed_unless_spooled(tmp_path, 
         assert len(events) == len(JOURNAL_ENTRIES)
     else:
         assert events == []
+
+
+# ------------------------------------------------------------------- rsyslog --
+# README "Structured logs": rsyslog hands zmqpush each message as one JSON object.
+RSYSLOG_TEMPLATE = """\
+template(name="zmqpush_json" type="list" option.jsonf="on") {
+  property(outname="@timestamp" name="timereported" dateFormat="rfc3339" format="jsonf")
+  property(outname="logsource" name="hostname" format="jsonf")
+  property(outname="program" name="programname" format="jsonf")
+  property(outname="pid" name="procid" format="jsonf")
+  property(outname="severity" name="syslogseverity-text" format="jsonf")
+  property(outname="facility" name="syslogfacility-text" format="jsonf")
+  property(outname="message" name="msg" format="jsonf")
+}
+"""
+
+SYSLOG_IN = [
+    (b'<13>1 2026-11-25T12:00:00.123+01:00 web1 app 4242 - - hello "world" caf\xc3\xa9',
+     {"@timestamp": "2026-11-25T12:00:00.123+01:00", "logsource": "web1", "program": "app",
+      "pid": "4242", "severity": "notice", "facility": "user",
+      "message": 'hello "world" café'}),
+    (b"<11>1 2026-11-25T12:00:01Z web2 db - - - tab\there \\ back",
+     {"@timestamp": "2026-11-25T12:00:01Z", "logsource": "web2", "program": "db",
+      "pid": "-", "severity": "err", "facility": "user", "message": "tab\there \\ back"}),
+    (b'<134>1 2026-11-25T12:00:02.5Z web3 nginx 7 - - {"a":1}',
+     {"@timestamp": "2026-11-25T12:00:02.5Z", "logsource": "web3", "program": "nginx",
+      "pid": "7", "severity": "info", "facility": "local0", "message": '{"a":1}'}),
+]
+
+
+@pytest.mark.parametrize("confirm", [False, True], ids=["plain", "confirm"])
+def test_rsyslog_json_template_delivers_syslog_fields(tmp_path, confirm):
+    assert available(), "rsyslogd is not installed: .ci/run installs Debian's rsyslog"
+    receiver = Receiver(free_port())
+    binary = " ".join([ZMQPUSH, "syslog", "--json", *(["--confirm"] if confirm else []),
+                       "-c", receiver.endpoint])
+    action = (f'action(type="omprog" binary="{binary}" template="zmqpush_json" '
+              f'output="{tmp_path}/zmqpush.err"'
+              + (' confirmMessages="on"' if confirm else "") + ")")
+    rs = PrivateRsyslog(tmp_path / "rsyslog", action,
+                        modules='module(load="omprog")\n' + RSYSLOG_TEMPLATE)
+    try:
+        rs.start()
+        with socket.create_connection(("127.0.0.1", rs.port)) as conn:
+            conn.sendall(b"".join(frame + b"\n" for frame, _ in SYSLOG_IN))
+        assert receiver.wait_for(len(SYSLOG_IN), 30) == len(SYSLOG_IN)
+        events = receiver.events()
+    finally:
+        rs.stop()
+        receiver.stop()
+    for (_, want), event in zip(SYSLOG_IN, events):
+        assert event.pop("type") == "syslog" and isinstance(event.pop("@pid"), int)
+        assert event == want
