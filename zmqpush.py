@@ -308,8 +308,9 @@ def _buffer_limits(text: str) -> tuple:
 _buffer_limits.__name__ = "HIGH[,LOW] with HIGH >= LOW >= 0"
 
 
-def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
-    """The CLI, its options grouped by concern; shared with zmqpush-watermark.py."""
+def build_parser(prog: str = "zmqpush.py", structured: bool = True) -> argparse.ArgumentParser:
+    """The CLI, its options grouped by concern; shared with zmqpush-watermark.py,
+    which leaves out the structured logs options (its own --json is its output)."""
     p = _Parser(
         prog=prog,
         description="Read lines on stdin and push each as JSON\n"
@@ -324,7 +325,8 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
     _delivery_options(p.add_argument_group("delivery and flow control"))
     _input_options(p.add_argument_group("input handling"))
     _field_options(p.add_argument_group("fields"))
-    _structured_options(p.add_argument_group("structured logs"))
+    if structured:
+        _structured_options(p.add_argument_group("structured logs"))
     _reporting_options(p.add_argument_group("reporting"))
     _rsyslog_options(p.add_argument_group("rsyslog omprog"))
     _security_options(p.add_argument_group("security"))
@@ -668,6 +670,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
 def structured_options(opt: dict) -> dict:
     """The Config fields of --json, --journal and their options; UsageError if
     they do not fit together or a key cannot be used."""
+    if "journal" not in opt:  # a parser without these options (zmqpush-watermark.py)
+        return {}
     structured = "journal" if opt["journal"] else "json" if opt["json"] else None
     if opt["journal"] and opt["json"]:
         raise UsageError("--json and --journal cannot be combined (--journal parses JSON)")
