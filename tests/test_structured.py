@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -281,22 +282,21 @@ def test_spool_keeps_merged_events_for_the_next_run(tmp_path):
 def test_replay_after_the_receiver_goes_away_resends_merged_events():
     """A receiver that goes away mid-flow: what may have been in flight is sent
     again to the next one, as the merged events it was, with the same ids."""
+    lines = 100_000
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     first = Receiver(port)
     second = None
     proc = start(["app", "--json", "--event-id", "-c", endpoint])
+    writer = threading.Thread(target=lambda: (proc.stdin.write(b"".join(
+        b'{"i":%d}\n' % n for n in range(lines))), proc.stdin.close()), daemon=True)
     try:
-        for n in range(600):
-            proc.stdin.write(b'{"i":%d}\n' % n)
-            proc.stdin.flush()
-            time.sleep(0.002)
-            if n == 200:
-                first.stop()
-            if n == 300:
-                second = Receiver(port)
-        proc.stdin.close()
-        assert proc.wait(30) == 0, proc.stderr.read()
+        writer.start()
+        assert first.wait_for(lines // 10, 30) >= lines // 10
+        first.stop()
+        time.sleep(0.3)
+        second = Receiver(port)
+        assert proc.wait(60) == 0, proc.stderr.read()
         second.settle(0.5)
         events = [json.loads(f) for f in first.frames + second.frames]
         stderr = proc.stderr.read().decode()
@@ -305,9 +305,9 @@ def test_replay_after_the_receiver_goes_away_resends_merged_events():
         first.stop()
         if second is not None:
             second.stop()
-    assert {e["i"] for e in events} == set(range(600))
-    replayed = int(stderr.split("Replayed ")[1].split()[0])
-    assert replayed > 0 and len(events) >= 600
+    assert {e["i"] for e in events} == set(range(lines))
+    assert "Replayed " in stderr, stderr
+    assert int(stderr.split("Replayed ")[1].split()[0]) > 0 and len(events) > lines
     ids = {}
     for event in events:
         assert event["type"] == "app" and set(event) == {"i", "type", "@pid", "@metadata"}
