@@ -66,7 +66,7 @@ def report(values: dict, as_json: bool) -> str:
 def main(argv=None) -> int:
     """The command line: returns the exit code."""
     closed = zmqpush.reopen_closed_std_fds()
-    parser = zmqpush.build_parser("zmqpush-watermark.py")
+    parser = zmqpush.build_parser("zmqpush-watermark.py", structured=False)
     parser.description = DESCRIPTION
     parser.epilog = None
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -34,6 +34,7 @@ import fcntl
 import itertools
 import json
 import json.encoder
+import operator
 import re
 import select
 import socket
@@ -245,6 +246,10 @@ class Config(NamedTuple):
     metrics_name: str = ""  # the "name" label of the metrics
     metrics_listen: tuple | None = None  # (host, port) of --metrics-listen
     multiline: Multiline | None = None  # joining lines into events (README "Multi-line events")
+    structured: str | None = None  # "json" or "journal" (README "Structured logs")
+    json_target: str | None = None
+    json_message_key: str | None = None
+    json_overwrite: bool = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -332,8 +337,9 @@ def _buffer_limits(text: str) -> tuple:
 _buffer_limits.__name__ = "HIGH[,LOW] with HIGH >= LOW >= 0"
 
 
-def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
-    """The CLI, its options grouped by concern; shared with zmqpush-watermark.py."""
+def build_parser(prog: str = "zmqpush.py", structured: bool = True) -> argparse.ArgumentParser:
+    """The CLI, its options grouped by concern; shared with zmqpush-watermark.py,
+    which leaves out the structured logs options (its own --json is its output)."""
     p = _Parser(
         prog=prog,
         description="Read lines on stdin and push each as JSON\n"
@@ -348,6 +354,8 @@ def build_parser(prog: str = "zmqpush.py") -> argparse.ArgumentParser:
     _delivery_options(p.add_argument_group("delivery and flow control"))
     _input_options(p.add_argument_group("input handling"))
     _field_options(p.add_argument_group("fields"))
+    if structured:
+        _structured_options(p.add_argument_group("structured logs"))
     _reporting_options(p.add_argument_group("reporting"))
     _rsyslog_options(p.add_argument_group("rsyslog omprog"))
     _security_options(p.add_argument_group("security"))
@@ -430,6 +438,23 @@ def _field_options(g):
     g.add_argument("--event-id", action="store_true", default=None,
                    help='add "@metadata":{"_id":"RUN-SEQ"} to each event, the same in '
                    "a replayed copy (Logstash: document_id => \"%%{[@metadata][_id]}\")")
+
+
+def _structured_options(g):
+    g.add_argument("--json", action="store_true", default=None,
+                   help="a line that is a JSON object is merged into the event; any other "
+                   'line is sent as text with "@json_error" and the tag _jsonparsefailure')
+    g.add_argument("--json-target", metavar="KEY",
+                   help="--json: put the object's fields under KEY, not at the root")
+    g.add_argument("--json-message-key", metavar="KEY",
+                   help='--json: the string value of KEY becomes "message"')
+    g.add_argument("--json-overwrite", action="store_true", default=None,
+                   help="--json: the line's keys win over zmqpush's own (type, @pid, host, "
+                   "@timestamp, -f fields, @metadata._id)")
+    g.add_argument("--journal", action="store_true", default=None,
+                   help="lines are `journalctl -o json --all` entries: MESSAGE, the time, "
+                   "priority, identifier, unit, pid and host become fields, __CURSOR the "
+                   "event id")
 
 
 def _reporting_options(g):
@@ -651,6 +676,9 @@ def multiline_from(opt: dict, max_line_bytes: int, spool: bool) -> Multiline | N
     if max_bytes > max_line_bytes:
         raise UsageError(f"--multiline-max-bytes {max_bytes} is over --max-line-bytes "
                          f"{max_line_bytes}: raise --max-line-bytes too")
+    if opt.get("json") or opt.get("journal"):
+        raise UsageError("--multiline with --json or --journal: not yet (joined events "
+                         "are text; README \"Multi-line events\")")
     if opt["confirm"] and not spool:
         raise UsageError("--confirm with --multiline needs --spool: a line is answered "
                          "once held, and only the spool keeps it across a restart")
@@ -834,6 +862,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         metrics_name=utf8(opt["metrics_name"] or "", "--metrics-name").decode("utf-8"),
         metrics_listen=opt["metrics_listen"],
         multiline=multiline_from(opt, max_line_bytes, bool(opt["spool"])),
+        **structured_options(opt),
     )
 
 
@@ -848,6 +877,32 @@ def check_metrics_file(path: str | None) -> str | None:
     if not os.path.basename(path):
         raise UsageError(f"--metrics-file {path!r} names a directory, not a file")
     return path
+
+
+def structured_options(opt: dict) -> dict:
+    """The Config fields of --json, --journal and their options; UsageError if
+    they do not fit together or a key cannot be used."""
+    if "journal" not in opt:  # a parser without these options (zmqpush-watermark.py)
+        return {}
+    structured = "journal" if opt["journal"] else "json" if opt["json"] else None
+    if opt["journal"] and opt["json"]:
+        raise UsageError("--json and --journal cannot be combined (--journal parses JSON)")
+    for name in ("json_target", "json_message_key", "json_overwrite"):
+        if opt[name] and structured != "json":
+            raise UsageError(f"--{name.replace('_', '-')} needs --json")
+    target = opt["json_target"]
+    if target is not None:
+        if not target or target in (spec.partition("=")[0] for spec in opt["field"] or []):
+            raise UsageError(f"--json-target {target!r}: give a key no -f field uses")
+        check_field_key(target, [])
+        utf8(target, "--json-target")
+    key = opt["json_message_key"]
+    if key is not None and (not key or key == "message"):
+        raise UsageError("--json-message-key: give the key whose value becomes \"message\"")
+    if key is not None:
+        utf8(key, "--json-message-key")
+    return {"structured": structured, "json_target": target, "json_message_key": key,
+            "json_overwrite": bool(opt["json_overwrite"])}
 
 
 def replay_default(opt: dict, spool_bytes: int) -> int:
@@ -1385,18 +1440,475 @@ class Encoder:
         return self._group(events)
 
     def _group(self, events: list) -> tuple:
-        """Events as arrays of at most array_bytes (a larger event alone)."""
-        messages, counts, run, size = [], [], [], 2
-        for event in events:
-            if run and size + len(event) + 1 > self._array_bytes:
-                messages.append(b"[" + b",".join(run) + b"]")
-                counts.append(len(run))
-                run, size = [], 2
-            run.append(event)
-            size += len(event) + 1
-        messages.append(b"[" + b",".join(run) + b"]")
-        counts.append(len(run))
-        return messages, counts
+        return group_events(events, self._array_bytes)
+
+
+def group_events(events: list, array_bytes: int) -> tuple:
+    """(messages, counts): events as arrays of at most array_bytes (a larger
+    event alone)."""
+    messages, counts, run, size = [], [], [], 2
+    for event in events:
+        if run and size + len(event) + 1 > array_bytes:
+            messages.append(b"[" + b",".join(run) + b"]")
+            counts.append(len(run))
+            run, size = [], 2
+        run.append(event)
+        size += len(event) + 1
+    messages.append(b"[" + b",".join(run) + b"]")
+    counts.append(len(run))
+    return messages, counts
+
+
+# --json and --journal (README "Structured logs"): the key and tag that mark a
+# line sent as text, and the deepest nesting sent (Logstash's parser refuses
+# more than 1,000 levels, Python's own recursion stops near there).
+JSON_ERROR_KEY = "@json_error"
+JSON_FAILURE_TAG = "_jsonparsefailure"
+MAX_JSON_DEPTH = 100
+_JSON_SPACE = " \t\n\r"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# Logstash parses "@timestamp" leniently; this is the part of ISO 8601 it always takes.
+_ISO8601 = re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d"
+                      r":[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)")
+
+
+class _NotFinite(ValueError):
+    """NaN, Infinity or -Infinity: Python's parser takes them, JSON has none."""
+
+
+def _refuse_constant(name: str):
+    raise _NotFinite(name)
+
+
+# The C scanner itself, without JSONDecoder.decode()'s Python steps around it.
+_scan_json = json.JSONDecoder(parse_constant=_refuse_constant).scan_once
+# A line this short cannot nest deeper than MAX_JSON_DEPTH.
+QUICK_JSON_CHARS = 2 * MAX_JSON_DEPTH
+# After a chunk with a line the scanner refused, this many are parsed line by line.
+BULK_RETRY_CHUNKS = 16
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_dump_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
+                              allow_nan=False).encode
+
+# Keys Logstash gives a meaning, what their value must be, and why not.
+RESERVED_CHECKS = {
+    "@timestamp": (lambda v: isinstance(v, str) and _ISO8601.fullmatch(v) is not None,
+                   "not an ISO 8601 time with its zone"),
+    "@metadata": (lambda v: isinstance(v, dict), "not an object"),
+    "tags": (lambda v: isinstance(v, str) or (
+        isinstance(v, list) and all(isinstance(t, str) for t in v)),
+        "not a string or a list of strings"),
+    "@version": (lambda v: isinstance(v, str), "not a string"),
+    "event": (lambda v: isinstance(v, dict), "not an object"),
+}
+
+
+def json_depth(value) -> int:
+    """Levels of objects and arrays in a parsed value (a scalar: 0)."""
+    if isinstance(value, dict):
+        return 1 + max(map(json_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(json_depth, value), default=0)
+    return 0
+
+
+def fix_reserved(obj: dict) -> list:
+    """Move each reserved key of obj whose value Logstash would refuse to "_KEY";
+    returns what was moved, in words (empty if nothing)."""
+    fixes = []
+    for key, (valid, why) in RESERVED_CHECKS.items():
+        if key in obj and not valid(obj[key]):
+            obj["_" + key] = obj.pop(key)
+            fixes.append(f"{key} {why}: kept as _{key}")
+    return fixes
+
+
+def _json_failure(exc: BaseException) -> str:
+    """Why the scanner refused a line, in the words of "@json_error"."""
+    if isinstance(exc, _NotFinite):
+        return "NaN or Infinity"
+    if isinstance(exc, RecursionError):
+        return f"nested deeper than {MAX_JSON_DEPTH}"
+    return "not JSON"
+
+
+class JsonEncoder:
+    """--json: turns chunks of complete lines into events that carry each
+    line's JSON object, with Encoder.encode's contract (one message per line,
+    or arrays in batch mode; event ids, "@timestamp" and the extra fields).
+
+    A line that is a JSON object is merged into the event, at the root or
+    under target: its own text minus the closing brace, then zmqpush's keys
+    (type, @pid, the fields, "@timestamp", "@metadata"), with no re-encoding,
+    when none of its keys is one zmqpush writes or Logstash checks (see
+    RESERVED_CHECKS).  Otherwise the slow path (_merge) decides: zmqpush's
+    keys win unless overwrite, "@metadata" objects are merged, a reserved
+    key Logstash would refuse is kept as "_KEY" and "@json_error" says so.
+    Duplicate keys pass as they are: Logstash's parser keeps the last, as
+    Python's does.
+
+    Any other line (not JSON, not an object, NaN or Infinity, nesting deeper
+    than MAX_JSON_DEPTH, invalid UTF-8, a lone surrogate, a piece of a line
+    cut at --max-line-bytes) goes out as Encoder sends it, plus
+    "tags":["_jsonparsefailure"] and "@json_error" saying why; counted in
+    counters.json_failures (fixes in counters.json_fixed).
+    """
+
+    splices = True  # an object none of whose keys is watched is sent as its text
+
+    def __init__(self, logtype: bytes, pid: int, batch: bool, fields: tuple = (),
+                 timestamp: bool = False, *, run_id: str | None = None,
+                 array_bytes: int = DEFAULT_READ_BYTES, counters: Counters | None = None,
+                 target: str | None = None, message_key: str | None = None,
+                 overwrite: bool = False):
+        """As Encoder; counters get the failures; target, message_key and
+        overwrite are --json-target, --json-message-key and --json-overwrite."""
+        self._tail = (b'"type":' + _json_string(logtype) + b',"@pid":' + b"%d" % pid
+                      + b"".join(b"," + _json_string(k) + b":" + _json_value(v)
+                                 for k, v in fields))
+        self._timestamp = timestamp
+        self._batch = batch
+        self._array_bytes = array_bytes
+        self._run_id = None if run_id is None else run_id.encode()
+        self._sequence = 0
+        self._counters = counters if counters is not None else Counters()
+        self._target = target
+        self._target_head = (None if target is None
+                             else b"{" + _json_string(target.encode()) + b":")
+        self._message_key = message_key
+        self._overwrite = overwrite
+        ours = {k.decode() for k, _ in fields} | {"type", "@pid", JSON_ERROR_KEY}
+        self._watched = frozenset(ours | set(RESERVED_CHECKS)
+                                  | ({message_key} if message_key else set()))
+        self._cut = False  # the next line is the last piece of a line that was cut
+        self._bulk_wait = 0  # chunks to parse line by line yet (see _parse_all)
+
+    def encode(self, lines: bytes, strip_cr: bool = True, continues: bool = False,
+               read_at: float = 0.0) -> tuple:
+        """As Encoder.encode: (messages, events) of lines, each ending in b"\\n"."""
+        if strip_cr and 0x0D in lines:
+            lines = lines.replace(b"\r\n", b"\n")
+        tail = self._tail
+        if self._timestamp:
+            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
+        events = []
+        if continues or self._cut:  # a piece of a cut line: the segment's first line
+            first = lines.index(b"\n")
+            events.append(self._piece(lines[:first], tail, continues))
+            lines = lines[first + 1:]
+        self._cut = continues
+        if lines:
+            events += self._events(lines, tail)
+        if not self._batch:
+            return events, [1] * len(events)
+        return group_events(events, self._array_bytes)
+
+    def _events(self, lines: bytes, tail: bytes) -> list:
+        """The events of whole lines: all parsed in one go and, when every one is
+        an object that can be spliced, spliced in one go; else line by line."""
+        raws = lines.split(b"\n")
+        raws.pop()
+        try:
+            text = lines.decode("utf-8")
+        except UnicodeDecodeError:
+            return self._each(raws, self._texts(raws), tail)
+        texts = text.split("\n")
+        texts.pop()
+        parsed = self._parse_all(texts)
+        if parsed is None:
+            return self._each(raws, texts, tail)
+        if (self._run_id is None and _SURROGATE_ESCAPE.search(text) is None
+                and self._spliceable(texts, parsed)):
+            return self._splice_all(lines, tail + b"}")
+        ids, closing, event = self._run_id is not None, tail + b"}", self._parsed
+        return [event(raw, text, obj, end, self._closing(tail) if ids else closing)
+                for raw, text, (obj, end) in zip(raws, texts, parsed)]
+
+    def _parse_all(self, texts: list) -> list | None:
+        """(object, end) of every text, by the C scanner alone, or None when
+        one is refused: then lines are parsed one by one, for this chunk and
+        the next BULK_RETRY_CHUNKS (input that mixes in other lines)."""
+        if self._bulk_wait:
+            self._bulk_wait -= 1
+            return None
+        try:  # the scanner's StopIteration (no value at all) ends map() early
+            parsed = list(map(_scan_json, texts, itertools.repeat(0)))
+        except (ValueError, RecursionError):
+            parsed = None
+        if parsed is None or len(parsed) != len(texts):
+            self._bulk_wait = BULK_RETRY_CHUNKS
+            return None
+        return parsed
+
+    def _spliceable(self, texts: list, parsed: list) -> bool:
+        """True if every line is a non-empty object, parsed to its end, with no
+        key watched and not too deep: the fast path of each (the caller saw
+        no escaped surrogate)."""
+        objects = list(map(_FIRST, parsed))
+        return (self.splices and list(map(_SECOND, parsed)) == list(map(len, texts))
+                and set(map(type, objects)) == {dict} and all(objects)
+                and all(map(self._watched.isdisjoint, objects))
+                and (max(map(len, texts)) <= QUICK_JSON_CHARS or not any(
+                    len(t) > QUICK_JSON_CHARS and t.count("{") + t.count("[") > MAX_JSON_DEPTH
+                    for t in texts)))
+
+    def _splice_all(self, lines: bytes, closing: bytes) -> list:
+        """Every line (each an object ending in "}") spliced, in a few passes."""
+        head = self._target_head
+        if head is None:
+            body = lines.replace(b"}\n", b"," + closing + _MESSAGE_MARK)
+        else:
+            body = (head + lines).replace(b"\n", b"," + closing + _MESSAGE_MARK + head)
+        messages = body.split(_MESSAGE_MARK)
+        messages.pop()
+        return messages
+
+    def _each(self, raws: list, texts: list, tail: bytes) -> list:
+        """The events of lines, one by one."""
+        ids, closing, event = self._run_id is not None, tail + b"}", self._event
+        return [event(raw, text, self._closing(tail) if ids else closing)
+                for raw, text in zip(raws, texts)]
+
+    @staticmethod
+    def _texts(raws: list) -> list:
+        """Each line decoded, or None where it is not valid UTF-8."""
+        texts = []
+        for raw in raws:
+            try:
+                texts.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                texts.append(None)
+        return texts
+
+    def _closing(self, tail: bytes) -> bytes:
+        """tail, the next event id, and the closing brace."""
+        self._sequence += 1
+        return tail + b',"@metadata":{"_id":"%s-%d"}}' % (self._run_id, self._sequence - 1)
+
+    def _event(self, raw: bytes, text: str | None, closing: bytes) -> bytes:
+        """One line's event; closing holds zmqpush's keys and the closing brace."""
+        if text is None:
+            return self._failed(raw, closing, "invalid UTF-8")
+        stripped = text.lstrip(_JSON_SPACE)
+        if stripped[:1] != "{":
+            return self._failed(raw, closing, self._why_not(stripped))
+        try:
+            obj, end = _scan_json(stripped, 0)
+        except (ValueError, StopIteration, RecursionError) as exc:
+            return self._failed(raw, closing, _json_failure(exc))
+        return self._parsed(raw, stripped, obj, end, closing)
+
+    def _parsed(self, raw: bytes, text: str, obj, end: int, closing: bytes) -> bytes:
+        """The event of raw, whose text (leading whitespace stripped) the
+        scanner parsed to obj, up to end."""
+        if end != len(text) and text[end:].strip(_JSON_SPACE):
+            return self._failed(raw, closing, "not JSON")
+        if type(obj) is not dict:
+            return self._failed(raw, closing, "not a JSON object")
+        body = raw if end == len(text) and raw[:1] == b"{" else raw.strip(b" \t\n\r")
+        if (self.splices and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
+                and self._watched.isdisjoint(obj)
+                and (len(text) <= QUICK_JSON_CHARS
+                     or text.count("{") + text.count("[") <= MAX_JSON_DEPTH)):
+            return self._splice(body, bool(obj), closing)
+        return self._object_event(raw, body, text, obj, closing)
+
+    def _splice(self, body: bytes, keys: bool, closing: bytes) -> bytes:
+        """The object's own text (body, ending in "}") with zmqpush's keys added."""
+        if self._target_head is not None:
+            return b"".join((self._target_head, body, b",", closing))
+        return b"".join((body[:-1], b"," if keys else b"", closing))
+
+    def _object_event(self, raw: bytes, body: bytes, text: str, obj: dict,
+                      closing: bytes) -> bytes:
+        """The slow path: a refused object, a collision, a reserved key or the
+        message key (see the class docstring)."""
+        refusal = self._refusal(text, obj)
+        if refusal is not None:
+            return self._failed(raw, closing, refusal)
+        key, fixes, moved = self._message_key, [], False
+        if key and isinstance(obj.get(key), str):
+            message, moved = obj.pop(key), True
+        if self._target is not None:
+            obj = {self._target: obj}
+        else:
+            fixes = fix_reserved(obj)
+        if moved:
+            obj["message"] = message
+        ours = json.loads(b"{" + closing)
+        if not (fixes or moved) and ours.keys().isdisjoint(obj):
+            return self._splice(body, bool(obj), closing)
+        return self._dump(self._merged(obj, ours), fixes)
+
+    def _merged(self, obj: dict, ours: dict) -> dict:
+        """obj and zmqpush's keys, the second winning (ours, unless overwrite),
+        "@metadata" objects merged key by key."""
+        first, second = (ours, obj) if self._overwrite else (obj, ours)
+        event = {**first, **second}
+        if "@metadata" in first and "@metadata" in second:
+            event["@metadata"] = {**first["@metadata"], **second["@metadata"]}
+        return event
+
+    def _dump(self, event: dict, fixes: list) -> bytes:
+        """event as JSON, with "@json_error" when reserved keys were fixed."""
+        if fixes:
+            event[JSON_ERROR_KEY] = "; ".join(fixes)
+            self._counters.json_fixed += 1
+        return _dump_json(event).encode("utf-8")
+
+    @staticmethod
+    def _refusal(text: str, obj: dict) -> str | None:
+        """Why a parsed object cannot be sent as JSON (too deep, a lone
+        surrogate), or None."""
+        if text.count("{") + text.count("[") > MAX_JSON_DEPTH:
+            try:
+                deep = json_depth(obj) > MAX_JSON_DEPTH
+            except RecursionError:
+                deep = True
+            if deep:
+                return f"nested deeper than {MAX_JSON_DEPTH}"
+        if _SURROGATE_ESCAPE.search(text):
+            try:
+                _dump_json(obj).encode("utf-8")
+            except UnicodeEncodeError:
+                return "lone surrogate"
+        return None
+
+    @staticmethod
+    def _why_not(text: str) -> str:
+        """Why text (not an object, leading whitespace stripped) is refused."""
+        try:
+            end = _scan_json(text, 0)[1]
+        except (ValueError, StopIteration, RecursionError) as exc:
+            return _json_failure(exc)
+        if text[end:].strip(_JSON_SPACE):
+            return "not JSON"
+        return "not a JSON object"
+
+    def _failed(self, raw: bytes, closing: bytes, why: str) -> bytes:
+        """The line as Encoder sends it, marked as not merged."""
+        self._counters.json_failures += 1
+        return b"".join((b'{"message":"', escape_utf8_lines(raw + b"\n")[:-1], b'",',
+                         closing[:-1], b',"tags":["', JSON_FAILURE_TAG.encode(), b'"],"',
+                         JSON_ERROR_KEY.encode(), b'":"', why.encode(), b'"}'))
+
+    def _piece(self, raw: bytes, tail: bytes, continues: bool) -> bytes:
+        """A piece of a line cut at --max-line-bytes: never JSON on its own."""
+        if continues:
+            tail += b',"@continues":true'
+        closing = self._closing(tail) if self._run_id is not None else tail + b"}"
+        return self._failed(raw, closing, "line cut at --max-line-bytes")
+
+
+# journalctl -o json (README "Structured logs"): the fields that get names of
+# their own, as (journal field, plain name, ECS path (--host-field-ecs), a number).
+JOURNAL_FIELDS = (
+    ("PRIORITY", ("severity",), ("log", "syslog", "severity", "code"), True),
+    ("SYSLOG_FACILITY", ("facility",), ("log", "syslog", "facility", "code"), True),
+    ("SYSLOG_IDENTIFIER", ("program",), ("log", "syslog", "appname"), False),
+    ("_SYSTEMD_UNIT", ("unit",), ("systemd", "unit"), False),
+    ("_PID", ("pid",), ("process", "pid"), True),
+    ("_HOSTNAME", ("logsource",), ("host", "hostname"), False),
+)
+# The entry's other fields go under this key, as journalctl names them.
+JOURNAL_REST_KEY = "journald"
+# Times from 1970 to 9999: what ISO 8601's four-digit years can say.
+_LAST_JOURNAL_SECOND = 253402300799
+
+
+def journal_value(value):
+    """A journal field's value: text as it is; a byte array (journalctl's form
+    for data that is not UTF-8 text: a list of numbers) decoded with U+FFFD; a
+    repeated field (a list of values) as a list of such values; null as None."""
+    if not isinstance(value, list):
+        return value
+    if value and all(type(b) is int for b in value):
+        try:
+            return bytes(value).decode("utf-8", "replace")
+        except ValueError:  # numbers outside 0..255: not a byte array
+            pass
+    return [journal_value(v) for v in value]
+
+
+def iso8601_micros(micros: int) -> str | None:
+    """e.g. 2026-11-21T23:36:59.123456Z; None outside years 1970 to 9999."""
+    seconds, fraction = divmod(micros, 1_000_000)
+    if not 0 <= seconds <= _LAST_JOURNAL_SECOND:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{fraction:06d}Z"
+
+
+def _put(event: dict, path: tuple, value):
+    """event[path[0]][path[1]]... = value, making the objects on the way."""
+    for key in path[:-1]:
+        inner = event.get(key)
+        if not isinstance(inner, dict):
+            inner = event[key] = {}
+        event = inner
+    event[path[-1]] = value
+
+
+class JournalEncoder(JsonEncoder):
+    """--journal: JsonEncoder for `journalctl -o json` entries.
+
+    MESSAGE becomes "message" (a byte array decoded, a repeated field joined
+    by newlines; null, which journalctl writes for fields over 4,096 bytes
+    without --all, leaves none and "@json_error" says so);
+    __REALTIME_TIMESTAMP (microseconds) "@timestamp"; __CURSOR "@metadata"
+    "_id"; the JOURNAL_FIELDS their names (ECS paths with ecs; a repeated
+    one gives its first value); every other field goes under "journald".
+    The entry's time and cursor win over --timestamp and --event-id."""
+
+    splices = False
+
+    def __init__(self, *args, ecs: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ecs = ecs
+
+    def _object_event(self, raw: bytes, body: bytes, text: str, obj: dict,
+                      closing: bytes) -> bytes:
+        refusal = self._refusal(text, obj)
+        if refusal is not None:
+            return self._failed(raw, closing, refusal)
+        ours = json.loads(b"{" + closing)
+        entry, notes = self._entry(obj)
+        event = {**ours, **entry}
+        for key in ("host", "@metadata"):
+            if isinstance(ours.get(key), dict) and isinstance(entry.get(key), dict):
+                event[key] = {**ours[key], **entry[key]}
+        return self._dump(event, notes)
+
+    def _entry(self, obj: dict) -> tuple:
+        """(fields, notes): the entry's fields as the event carries them."""
+        event, notes = {}, []
+        if "MESSAGE" in obj:
+            message = journal_value(obj.pop("MESSAGE"))
+            if isinstance(message, list):
+                message = "\n".join(m for m in message if isinstance(m, str))
+            if message is None:
+                notes.append("MESSAGE is null (over 4096 bytes: run journalctl with --all)")
+            else:
+                event["message"] = message
+        stamp = obj.get("__REALTIME_TIMESTAMP")
+        when = (iso8601_micros(int(stamp)) if isinstance(stamp, str) and stamp.isascii()
+                and stamp.isdigit() else None)
+        if when is not None:
+            event["@timestamp"] = when
+            del obj["__REALTIME_TIMESTAMP"]
+        if isinstance(obj.get("__CURSOR"), str):
+            event["@metadata"] = {"_id": obj.pop("__CURSOR")}
+        for field, plain, ecs, number in JOURNAL_FIELDS:
+            value = journal_value(obj.get(field))
+            if isinstance(value, list):
+                value = value[0] if value else None
+            if not isinstance(value, str):
+                continue
+            del obj[field]
+            _put(event, ecs if self._ecs else plain,
+                 int(value) if number and value.isascii() and value.isdigit() else value)
+        if obj:
+            event[JOURNAL_REST_KEY] = {key: journal_value(v) for key, v in obj.items()}
+        return event, notes
 
 
 # ---------------------------------------------------------------- reading --
@@ -1428,6 +1940,8 @@ class Counters:
         self.events_joined = 0  # --multiline: events of several lines
         self.lines_joined = 0  # the lines in them
         self.events_cut = 0  # events cut at a --multiline cap
+        self.json_failures = 0  # --json, --journal: lines sent as text (see JsonEncoder)
+        self.json_fixed = 0  # --json, --journal: events with a field moved or noted
 
     def not_handed(self) -> int:
         """Events read and not dropped that ZeroMQ has not accepted (yet)."""
@@ -4868,7 +5382,9 @@ class Reporter:
                 "window_bytes": self._sender.window.nbytes,
                 "handshake_failures": c.handshake_failures, "refused": c.refused,
                 **({"joined": c.events_joined, "joined_lines": c.lines_joined,
-                    "cut": c.events_cut} if self._config.multiline is not None else {})}
+                    "cut": c.events_cut} if self._config.multiline is not None else {}),
+                **({"json_errors": c.json_failures, "json_fixed": c.json_fixed}
+                   if self._config.structured is not None else {})}
 
     def _spool_values(self) -> dict:
         """The spool's figures: bytes and segments on disk, bytes not yet sent
@@ -5036,6 +5552,12 @@ MULTILINE_METRICS = (
     ("zmqpush_multiline_cut_events_total", "counter",
      "Multi-line events cut at a cap in lines or bytes.", "cut"),
 )
+STRUCTURED_METRICS = (
+    ("zmqpush_json_errors_total", "counter",
+     "Lines --json or --journal sent as text, not being JSON objects.", "json_errors"),
+    ("zmqpush_json_fixed_total", "counter",
+     "Events with a reserved field moved or noted (--json, --journal).", "json_fixed"),
+)
 SPOOL_METRICS = (
     ("zmqpush_spool_bytes", "gauge", "Bytes of the spool's segments on disk.", "spool_bytes"),
     ("zmqpush_spool_segments", "gauge", "Segment files of the spool.", "spool_segments"),
@@ -5075,7 +5597,8 @@ class Exposition:
         """# HELP, # TYPE and one sample for each metric; exit_code's only if given."""
         labels = self._labels
         metrics = (METRICS + (SPOOL_METRICS if "spool_bytes" in figures else ())
-                   + (MULTILINE_METRICS if "joined" in figures else ()))
+                   + (MULTILINE_METRICS if "joined" in figures else ())
+                   + (STRUCTURED_METRICS if "json_errors" in figures else ()))
         values = [(name, kind, text, figures[key]) for name, kind, text, key in metrics]
         values += [
             ("zmqpush_start_time_seconds", "gauge",
@@ -5508,9 +6031,7 @@ class Shipper:
                        else SpoolQueue(config.queue_bytes, spool, self.counters))
         if config.confirm:
             self._replies = Replies(self._stop_reading, None if self._stdout_closed else 1)
-        encoder = Encoder(config.logtype, os.getpid(), config.batch, config.fields,
-                          config.timestamp, array_bytes=config.array_bytes,
-                          run_id=os.urandom(8).hex() if config.event_ids else None)
+        encoder = self._encoder()
         reading = dict(
             encoder=encoder, framer=LineFramer(config.max_line_bytes), counters=self.counters,
             read_bytes=config.batch_bytes if config.batch else DEFAULT_READ_BYTES,
@@ -5538,6 +6059,22 @@ class Shipper:
         self._publisher = service_publisher(config, self._reporter, self.counters,
                                             self._stdin_fd, os.environ,
                                             listening=self._listening)
+
+    def _encoder(self):
+        """The plain Encoder, or with --json or --journal the JsonEncoder or
+        JournalEncoder (chosen here once: the plain one never tests for them)."""
+        config = self.config
+        args = (config.logtype, os.getpid(), config.batch, config.fields, config.timestamp)
+        kwargs = {"array_bytes": config.array_bytes,
+                  "run_id": os.urandom(8).hex() if config.event_ids else None}
+        if config.structured is None:
+            return Encoder(*args, **kwargs)
+        if config.structured == "journal":
+            ecs = any(isinstance(value, dict) for key, value in config.fields if key == b"host")
+            return JournalEncoder(*args, counters=self.counters, ecs=ecs, **kwargs)
+        return JsonEncoder(*args, counters=self.counters, target=config.json_target,
+                           message_key=config.json_message_key,
+                           overwrite=config.json_overwrite, **kwargs)
 
     def _stop_reading(self):
         self._reader.stop()
@@ -5705,6 +6242,10 @@ class Shipper:
                         f"({counters.events_cut} cut at a cap)")
         if spool is not None:
             closing += self._spool_closing(left)
+        if counters.json_failures or counters.json_fixed:
+            closing += (f". Sent {counters.json_failures} lines that were not JSON objects "
+                        f"as text and fixed fields of {counters.json_fixed} events "
+                        f"(marked {JSON_ERROR_KEY})")
         write_stderr(closing + "\n")
         return code
 

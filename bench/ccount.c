@@ -9,7 +9,9 @@
  * array of objects) since a raw '"' never occurs inside an escaped string, and
  * it also counts what json.dumps sends with its default separators
  * ({"message": "...), as bench/naive.py does.  Nothing is parsed or validated
- * (bench/sink.py does that).
+ * (bench/sink.py does that).  The environment variable CCOUNT_NEEDLE, when
+ * set, is counted instead: e.g. {"level": for bench/corpus.py --json lines
+ * merged by zmqpush --json, which carry no "message".
  *
  * Ends when COUNT events have arrived (0: no limit), when IDLE_SECONDS (default
  * 10; 0: never) pass without a frame, or on SIGTERM/SIGINT, and then prints
@@ -36,7 +38,7 @@
 #include <time.h>
 #include <zmq.h>
 
-static const char NEEDLE[] = "{\"message\":";
+static const char *needle = "{\"message\":";
 static volatile sig_atomic_t stopping;
 
 static void on_signal(int sig)
@@ -54,11 +56,11 @@ static double now(void)
 
 static unsigned long long events_in(const char *data, size_t len)
 {
-    const size_t n = sizeof(NEEDLE) - 1;
+    const size_t n = strlen(needle);
     unsigned long long count = 0;
     const char *end = data + len, *p = data;
 
-    while ((p = memmem(p, end - p, NEEDLE, n)) != NULL) {
+    while ((p = memmem(p, end - p, needle, n)) != NULL) {
         count++;
         p += n;
     }
@@ -84,6 +86,8 @@ int main(int argc, char **argv)
         fputs("usage: ccount ENDPOINT COUNT [IDLE_SECONDS] [--stay]\n", stderr);
         return 2;
     }
+    if (getenv("CCOUNT_NEEDLE") && *getenv("CCOUNT_NEEDLE"))
+        needle = getenv("CCOUNT_NEEDLE");
     const char *endpoint = argv[1];
     unsigned long long want = strtoull(argv[2], NULL, 10), received = 0, frames = 0;
     unsigned long long reported = 0;

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Write a realistic log corpus: syslog-like lines of about 100 bytes.
+"""Write a realistic log corpus: syslog-like lines of about 100 bytes, or with
+--json the JSON lines of a structured logger (zap, structlog) of about 200.
 
 Most lines are plain ASCII; some carry quotes, tabs, backslashes, non-ASCII text,
-control characters or invalid UTF-8, as real logs do.  Deterministic for a seed.
+control characters or invalid UTF-8, as real logs do (JSON lines: escaped in the
+JSON).  Deterministic for a seed.
 """
 import argparse
+import json
 import random
 import sys
 
@@ -25,11 +28,24 @@ def line(rnd: random.Random, n: int) -> bytes:
         "\xff\xfe".encode(), b"\xff\xfe")
 
 
-def write_corpus(path: str, count: int, seed: int = 1) -> int:
-    """Write count lines to path; returns the byte size."""
+def json_line(rnd: random.Random, n: int) -> bytes:
+    """One JSON object as a structured logger writes it (non-ASCII as it is)."""
+    event = {"level": rnd.choice(["info", "info", "info", "warn", "error", "debug"]),
+             "ts": 1763700000 + n / 1000, "logger": rnd.choice(APPS),
+             "msg": " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(3, 7))),
+             "method": "GET", "path": "/api/v1/items", "status": 200,
+             "latency_ms": n % 97, "n": n}
+    if rnd.random() < 0.3:
+        event["detail"] = rnd.choice(SPICE).replace("\xff\xfe", "??")
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def write_corpus(path: str, count: int, seed: int = 1, kind: str = "text") -> int:
+    """Write count lines (kind "text" or "json") to path; returns the byte size."""
     rnd = random.Random(seed)
+    make = json_line if kind == "json" else line
     with open(path, "wb") as out:
-        out.write(b"".join(line(rnd, n) + b"\n" for n in range(count)))
+        out.write(b"".join(make(rnd, n) + b"\n" for n in range(count)))
         return out.tell()
 
 
@@ -37,6 +53,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("path")
     p.add_argument("--lines", type=int, default=1_000_000)
+    p.add_argument("--json", action="store_true", help="JSON lines of a structured logger")
     args = p.parse_args()
-    size = write_corpus(args.path, args.lines)
+    size = write_corpus(args.path, args.lines, kind="json" if args.json else "text")
     print(f"{args.lines} lines, {size / args.lines:.0f} bytes/line", file=sys.stderr)

@@ -48,10 +48,12 @@ class Counter:
     count events (0: no limit) arrived it reports but stays connected until
     finish(), so a sender still closing never sees its receiver go away."""
 
-    def __init__(self, count: int = 0, idle: float = 10.0):
+    def __init__(self, count: int = 0, idle: float = 10.0, needle: str = ""):
+        """needle: what to count as an event instead of {"message": (CCOUNT_NEEDLE)."""
         self.proc = subprocess.Popen(
             [build("ccount"), "tcp://127.0.0.1:*", str(count), str(idle), "--stay"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, CCOUNT_NEEDLE=needle))
         bound = self.proc.stderr.readline().split()
         if bound[:2] != ["ccount:", "bound"]:
             self.proc.kill()

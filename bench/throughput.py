@@ -26,6 +26,9 @@ receiver instead, to check validity: its rates are then capped by that receiver.
 --curve compares zmqpush with CURVE off and on (keys made with zmqpush.py
 --make-cert), receiver bench/sink.py, a CURVE server for the CURVE rows.
 --multiline compares the plain mode with --multiline presets (joining on).
+--corpus json ships JSON lines of a structured logger (bench/corpus.py --json)
+instead, and adds the rows of zmqpush --json (README "Structured logs"): each
+line parsed and merged into its event.
 """
 import argparse
 import os
@@ -76,6 +79,15 @@ def rows(args, cship: str, certs: str) -> dict:
             "zmqpush --batch": [*zmqpush, "--batch", "-c", "ENDPOINT"],
             "zmqpush --batch, CURVE": [*zmqpush, "--batch", "-c", "ENDPOINT", *keys],
         }
+    if args.corpus == "json":
+        return {
+            C_LINE: [cship, "ENDPOINT"],
+            C_ARRAY: [cship, "ENDPOINT", "--array"],
+            "zmqpush": [*zmqpush, "-c", "ENDPOINT"],
+            "zmqpush --json": [*zmqpush, "--json", "-c", "ENDPOINT"],
+            "zmqpush --batch": [*zmqpush, "--batch", "-c", "ENDPOINT"],
+            "zmqpush --batch --json": [*zmqpush, "--batch", "--json", "-c", "ENDPOINT"],
+        }
     return {
         C_LINE: [cship, "ENDPOINT"],
         C_ARRAY: [cship, "ENDPOINT", "--array"],
@@ -109,8 +121,8 @@ def run_once(argv: list, corpus: str, lines: int, validate: bool, sink_args: lis
     """One shipment of the corpus; returns its measurements."""
     if validate:
         sink, endpoint = start_sink(lines, sink_args)
-    else:
-        counter = Counter(lines, idle=10)
+    else:  # merged JSON lines carry no "message": their first key is counted
+        counter = Counter(lines, idle=10, needle='{"level":' if "--json" in argv else "")
         endpoint = counter.endpoint
     argv = [endpoint if a == "ENDPOINT" else a for a in argv]
     with open(corpus, "rb") as f, tempfile.NamedTemporaryFile("r") as usage, \
@@ -166,6 +178,8 @@ def main() -> int:
     p.add_argument("--multiline", action="store_true",
                    help="zmqpush plain against --multiline presets on the same corpus "
                    "(README \"Multi-line events\")")
+    p.add_argument("--corpus", choices=("text", "json"), default="text",
+                   help="syslog-like text lines (default), or JSON lines with --json rows")
     args = p.parse_args()
     args.validate = args.validate or args.curve
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,7 +192,7 @@ def main() -> int:
                                 os.path.join(tmp, name)], check=True, stdout=subprocess.DEVNULL)
         server = ["--curve-server", os.path.join(tmp, "server.key_secret")]
         corpus = os.path.join(tmp, "corpus.log")
-        size = write_corpus(corpus, args.lines)
+        size = write_corpus(corpus, args.lines, kind=args.corpus)
         results = {name: [] for name in shippers}
         for _ in range(args.runs):
             for name, argv in shippers.items():
@@ -188,8 +202,8 @@ def main() -> int:
     med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
            for name, runs in results.items()}
     receiver = "bench/sink.py (strict JSON parse)" if args.validate else "bench/ccount.c"
-    print(f"{args.lines:,} lines of {size / args.lines:.0f} bytes, median of {args.runs} "
-          f"alternating runs, receiver {receiver}, {os.cpu_count()} CPUs, "
+    print(f"{args.lines:,} {args.corpus} lines of {size / args.lines:.0f} bytes, median of "
+          f"{args.runs} alternating runs, receiver {receiver}, {os.cpu_count()} CPUs, "
           f"zmqpush {args.zmqpush}\n")
     print("| shipper | shipper lines/s | ÷ C | ÷ C array | end-to-end lines/s | ÷ C "
           "| ÷ C array | CPU-s per 1M lines | peak RSS MiB | received |"
