@@ -60,7 +60,8 @@ DEFAULT_LINGER = 4.0
 DEFAULT_SNDHWM = 1000
 # --confirm without a spool answers "OK" once ZeroMQ took a line: what its queue
 # holds when zmqpush ends is lost, so it holds one message (the kernel's buffers
-# still deliver after the exit).
+# still deliver after the exit).  Not with --confirm-timeout 0: ZeroMQ takes the
+# next message only once its I/O thread took the last, which "at once" cannot wait for.
 CONFIRM_SNDHWM = 1
 # In --batch mode a message is a whole read: SNDHWM defaults to this many bytes of them.
 BATCH_ZMQ_BYTES = 16 << 20
@@ -400,7 +401,8 @@ def _delivery_options(g):
                    help="ZeroMQ send high-water mark in messages per receiver (default "
                    f"{DEFAULT_SNDHWM}; in default mode ZeroMQ also holds at most about "
                    f"{PIPE_BYTES >> 20} MiB; with --batch, derived from the array size; "
-                   f"with --confirm and no --spool, {CONFIRM_SNDHWM})")
+                   f"with --confirm, a --confirm-timeout over 0 and no --spool, "
+                   f"{CONFIRM_SNDHWM})")
     g.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
                    help="aiozmq transport watermarks in bytes (default "
                    f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
@@ -826,7 +828,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         min(replay_bytes, DEFAULT_REPLAY_BYTES) if opt["spool"] else replay_bytes))
     default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
                       else CONFIRM_SNDHWM if opt["confirm"] and not opt["spool"]
-                      else DEFAULT_SNDHWM)
+                      and opt["confirm_timeout"] != 0 else DEFAULT_SNDHWM)
     return Config(
         logtype=utf8(opt["logtype"] if opt["logtype"] is not None else "syslog", "LOGTYPE"),
         connect=connect, bind=bind,
@@ -1930,7 +1932,7 @@ class Counters:
         self.disconnects = 0
         self.events_replayed = 0
         self.events_requeued = 0  # put back in the queue to be replayed (no spool)
-        self.events_refused = 0  # --confirm: lines answered with a refusal (rsyslog's to resend)
+        self.events_refused = 0  # --confirm: lines (not pieces) answered with a refusal
         self.handshake_failures = 0
         self.refused = 0
         self.events_found = 0  # read from what a previous run left in the spool
@@ -4442,7 +4444,7 @@ class Link:
     def __init__(self, sock, pipe_bytes: int, receivers):
         import zmq
         self._zmq = zmq
-        self._sock = sock
+        self._sock = self.socket = sock
         self._send = zmq.backend.Socket.send.__get__(sock)
         self._dontwait, self._again = zmq.DONTWAIT, zmq.Again
         self.fd = sock.getsockopt(zmq.FD)
@@ -4605,6 +4607,10 @@ class Fanout:
             if link.take(message):
                 return
         raise self._again()
+
+    def sockets(self) -> list:
+        """The PUSH sockets, one per receiver."""
+        return [link.socket for link in self._links]
 
     def send_from(self, messages: list, first: int) -> int:
         """Hand messages from messages[first] on over in order, a run at a
@@ -5223,6 +5229,15 @@ class Sender:
     def buffered_bytes(self) -> int:
         return self._transport.get_write_buffer_size()
 
+    def hear_io_thread(self):
+        """Let ZeroMQ take in what its I/O thread told it (that messages left its
+        queue): a send does that at most about once a millisecond, reading a
+        socket's EVENTS at once.  With a queue of one message (--confirm) a send
+        right after another is refused until then."""
+        import zmq
+        for sock in self._fanout.sockets() if self._fanout is not None else [self._sock]:
+            sock.getsockopt(zmq.EVENTS)
+
 
 class Confirmer:
     """--confirm (rsyslog omprog confirmMessages) without a spool: the sender
@@ -5266,18 +5281,17 @@ class Confirmer:
         and its retry by rsyslog make a duplicate); while it is there, new
         messages are refused without being kept, so memory stays bounded.
         Accepted messages are kept in the replay window."""
-        sender, line_ok, line_events = self._sender, True, 0
+        sender, line_ok = self._sender, True
         for message, nevents, ends in zip(parcel.messages, parcel.events, parcel.ends_line):
             accepted = line_ok and await self._hand_over(message, nevents)
             if accepted:
                 sender.window.add(parcel_of([message], [nevents], [ends]))
             line_ok = line_ok and accepted
-            line_events += nevents
             if ends:
                 if not line_ok:
-                    self._counters.events_refused += line_events
+                    self._counters.events_refused += 1
                 await self._replies.reply(line_ok)
-                line_ok, line_events = True, 0
+                line_ok = True
 
     async def _hand_over(self, message: bytes, nevents: int) -> bool:
         """Hand message to ZeroMQ: True once it is accepted within patience();
@@ -5288,6 +5302,9 @@ class Confirmer:
             return False
         if not await self._flushed_within(patience):
             return False
+        if sender.send_now([message], [nevents], 0):
+            return True
+        sender.hear_io_thread()
         if sender.send_now([message], [nevents], 0):
             return True
         sender.window.pressed()

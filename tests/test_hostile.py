@@ -438,6 +438,24 @@ def test_drops_make_the_exit_code_3():
 
 # -- 4. option values that must do what they say ---------------------------------------
 
+def test_confirm_counts_refused_lines_not_their_pieces():
+    """A line cut into pieces by --max-line-bytes gets one reply, and counts as one
+    refused line in the closing words."""
+    proc = start(["t", "--confirm", "-c", "tcp://127.0.0.1:9", "--linger", "0.5",
+                  "--max-line-bytes", "65536"])
+    try:
+        assert proc.stdout.readline() == b"OK\n"
+        for i in range(3):
+            proc.stdin.write(b"%d %s\n" % (i, b"x" * 200_000))
+            proc.stdin.flush()
+            assert proc.stdout.readline().startswith(b"zmqpush: not accepted")
+        proc.stdin.close()
+        proc.wait(20)
+        assert b". Refused 3 lines to rsyslog" in proc.stderr.read()
+    finally:
+        stop_process(proc)
+
+
 def test_confirm_timeout_0_accepts_what_zeromq_takes_at_once(receiver):
     """Before the fix every line was refused: wait_for(..., 0) never ran the flush.
     Lines come as rsyslog sends them, each after the previous one's reply."""

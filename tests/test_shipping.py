@@ -259,11 +259,16 @@ def test_watermark_tool_json_follows_the_options():
 
 
 @pytest.mark.parametrize("args,sndhwm", [(["--confirm"], 1), (["--confirm", "--sndhwm", "7"], 7),
-                                         (["--confirm", "--spool", "spool"], 1000), ([], 1000)],
-                         ids=["confirm", "confirm-set", "confirm-spool", "default"])
+                                         (["--confirm", "--spool", "spool"], 1000),
+                                         (["--confirm", "--confirm-timeout", "0"], 1000),
+                                         ([], 1000)],
+                         ids=["confirm", "confirm-set", "confirm-spool", "confirm-at-once",
+                              "default"])
 def test_confirm_mode_lets_zeromq_hold_one_message(args, sndhwm):
     """--confirm answers OK once ZeroMQ took a line: what ZeroMQ still holds when
-    zmqpush ends is lost (README "rsyslog"), so it holds one message unless told."""
+    zmqpush ends is lost (README "rsyslog"), so it holds one message unless told,
+    or unless lines must be taken at once (a queue of one takes the next message
+    only after ZeroMQ's I/O thread took the last)."""
     proc = subprocess.run([WATERMARK, "--json", *args], capture_output=True, timeout=10)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["sndhwm"] == sndhwm
