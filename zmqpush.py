@@ -125,6 +125,12 @@ MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
 # while they change or lines wait for a connected receiver (README "Running as a service");
 # the first time after an idle spell at least this long after the line that ended it.
 PUBLISH_SECONDS = 2.0
+# While nothing changes but lines wait (a receiver that takes none), the looks
+# space out, doubling up to this.
+PUBLISH_MOST_SECONDS = 60.0
+# Watchdog pings at most this often, whatever WATCHDOG_USEC says (systemd counts
+# WatchdogSec= in microseconds; a loop timer does not go finer than a millisecond).
+MIN_WATCHDOG_SECONDS = 0.01
 PUBLISH_FIRST_SECONDS = 0.5
 # The placeholder of --metrics-file for zmqpush's process id.
 PID_PLACEHOLDER = "{pid}"
@@ -868,8 +874,16 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     )
 
 
+def metrics_path(path: str, pid: int) -> str:
+    """--metrics-file PATH with its {pid} placeholders replaced by pid."""
+    return path.replace(PID_PLACEHOLDER, str(pid))
+
+
 def check_metrics_file(path: str | None) -> str | None:
-    """path if its directory exists (and it is valid UTF-8), else UsageError."""
+    """path if it names a .prom file (what node_exporter's textfile collector
+    reads) in a directory that exists, and nothing but a regular file is there
+    now: zmqpush replaces and removes the file, never a link, device or pipe
+    someone else put there.  Else UsageError."""
     if path is None:
         return None
     utf8(path, "--metrics-file")
@@ -878,6 +892,18 @@ def check_metrics_file(path: str | None) -> str | None:
         raise UsageError(f"--metrics-file {path!r}: no directory {directory!r}")
     if not os.path.basename(path):
         raise UsageError(f"--metrics-file {path!r} names a directory, not a file")
+    if not path.endswith(".prom"):
+        raise UsageError(f"--metrics-file {path!r}: the name must end in .prom "
+                         "(node_exporter's textfile collector reads only those)")
+    try:
+        mode = os.lstat(metrics_path(path, os.getpid())).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise UsageError(f"--metrics-file {path!r}: {exc.strerror}") from exc
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"--metrics-file {path!r} is there and not a regular file "
+                         "(zmqpush replaces and removes its file)")
     return path
 
 
@@ -3734,7 +3760,7 @@ class Spool:
         for fd in (self._read_fd, self._position_fd, self._lock_fd):
             if fd is not None:
                 os.close(fd)
-        self._read_fd = None
+        self._read_fd, self._read_start = None, -1
 
 
 class SpoolQueue(ByteQueue):
@@ -5521,14 +5547,13 @@ def watchdog_interval(environ, pid: int) -> float | None:
     """Seconds between WATCHDOG=1 pings: half of WATCHDOG_USEC, if it is a
     positive integer and WATCHDOG_PID, if set, is pid (as sd_watchdog_enabled(3)
     decides); else None (no pings)."""
-    try:
-        usec = int(environ.get("WATCHDOG_USEC", ""))
-    except ValueError:
+    text = environ.get("WATCHDOG_USEC", "")
+    if not (text.isascii() and text.isdigit() and len(text) <= 19):
         return None
     owner = environ.get("WATCHDOG_PID")
-    if usec <= 0 or (owner is not None and owner.strip() != str(pid)):
+    if int(text) <= 0 or (owner is not None and owner.strip() != str(pid)):
         return None
-    return usec / 2e6
+    return max(MIN_WATCHDOG_SECONDS, int(text) / 2e6)
 
 
 # The metrics --metrics-file writes: (name, type, help, key of Reporter.figures()).
@@ -5590,11 +5615,6 @@ SPOOL_METRICS = (
      "Events kept in memory only because the spool could not take them.",
      "spool_memory_only"),
 )
-def metrics_path(path: str, pid: int) -> str:
-    """--metrics-file PATH with its {pid} placeholders replaced by pid."""
-    return path.replace(PID_PLACEHOLDER, str(pid))
-
-
 def _label_value(text: str) -> str:
     """text escaped for a label value of the text exposition format."""
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
@@ -5639,25 +5659,45 @@ class MetricsFile:
 
     def __init__(self, path: str, exposition: Exposition):
         self.path = path
-        directory, base = os.path.split(path)
-        self._temporary = os.path.join(directory, f".{base}.{os.getpid()}.tmp")
+        directory = os.path.dirname(path)
+        self._temporary = os.path.join(directory, f".zmqpush-metrics.{os.getpid()}.tmp")
         self._exposition = exposition
         self._failed = False
+        self._written = None  # (st_dev, st_ino) of the file this run put at path
 
     def write(self, figures: dict, exit_code: int | None = None):
         """Replace the file by one with figures, the start time and now (and
         exit_code, when the run ended with one that is not 0)."""
         try:
+            if not self._ours_or_none():
+                raise OSError(errno.EEXIST, "something else is there now")
             with open(self._temporary, "w", encoding="utf-8") as f:
                 f.write(self._exposition.text(figures, time.time(), exit_code))
+                written = os.fstat(f.fileno())
             os.replace(self._temporary, self.path)
+            self._written = (written.st_dev, written.st_ino)
         except OSError as exc:
             self._say(f"cannot write --metrics-file {self.path}", exc)
             self._discard(self._temporary)
 
     def remove(self):
-        """Remove the file (a run that ended cleanly leaves none)."""
-        self._discard(self.path)
+        """Remove the file (a run that ended cleanly leaves none), if it is
+        still the one this run wrote."""
+        if self._written is not None and self._ours_or_none():
+            self._discard(self.path)
+
+    def _ours_or_none(self) -> bool:
+        """Whether path holds nothing, or the regular file this run wrote last
+        (a previous run's file is replaced too, if it is a regular file)."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        if self._written is None:
+            return stat.S_ISREG(st.st_mode)
+        return (st.st_dev, st.st_ino) == self._written
 
     def _discard(self, path: str):
         try:
@@ -5706,6 +5746,8 @@ class Publisher:
         self._loop = asyncio.get_running_loop()
         self._published: dict | None = None
         self._published_at = -1e9
+        self._unchanged_looks = 0  # looks in a row that found nothing new
+        self._was_waiting = False  # events waited at the last look or request
         self._timer: asyncio.TimerHandle | None = None
         self._ping: asyncio.TimerHandle | None = None
         self._epoll = None
@@ -5726,9 +5768,13 @@ class Publisher:
 
     def wake(self):
         """Something changed that stdin did not bring (a connection event):
-        publish soon, if asleep."""
+        publish soon (if asleep, or looks had spaced out)."""
+        self._unchanged_looks = 0
         if self._asleep:
             self._end_sleep()
+            self._schedule()
+        elif self._timer is not None:
+            self._timer.cancel()
             self._schedule()
 
     def stopping(self, waiting: int, linger: float):
@@ -5781,9 +5827,12 @@ class Publisher:
 
     def _schedule(self):
         """Look again PUBLISH_SECONDS after the last publication, and at least
-        PUBLISH_FIRST_SECONDS from now."""
+        PUBLISH_FIRST_SECONDS from now; after looks that found nothing new,
+        twice as long each time, up to PUBLISH_MOST_SECONDS."""
         delay = max(PUBLISH_FIRST_SECONDS,
-                    self._published_at + PUBLISH_SECONDS - time.monotonic())
+                    self._published_at + PUBLISH_SECONDS - time.monotonic(),
+                    min(PUBLISH_MOST_SECONDS, PUBLISH_SECONDS * 2 ** self._unchanged_looks
+                        if self._unchanged_looks else 0.0))
         self._timer = self._loop.call_later(delay, self._look)
 
     def _look(self):
@@ -5792,15 +5841,27 @@ class Publisher:
         self._timer = None
         figures = self._figures()
         self.stalled_seconds(figures)
-        if figures != self._published:
+        if self._changed(figures):
+            self._unchanged_looks = 0
             self._publish(figures)
             self._schedule()
-        elif self._busy(figures):
+            return
+        self._unchanged_looks = min(self._unchanged_looks + 1, 16)
+        if self._busy(figures):
             self._schedule()
         elif self._epoll is not None:
             self._sleep()
         elif not self._input_over:  # stdin cannot be polled (a regular file): read at once
             self._schedule()
+
+    def _changed(self, figures: dict) -> bool:
+        """Whether figures differ from those published, an age that only grows
+        (the spool's oldest unsent record) aside."""
+        published = self._published
+        if published is None:
+            return True
+        return any(value != published.get(key) for key, value in figures.items()
+                   if key != "spool_age")
 
     def _busy(self, figures: dict) -> bool:
         """A receiver is connected and lines wait: it may take them any moment
@@ -5841,16 +5902,18 @@ class Publisher:
     def _on_stdin(self):
         self._epoll.poll(0)
         self._end_sleep()
+        self._unchanged_looks = 0
         self._schedule()
 
     def stalled_seconds(self, figures: dict) -> float:
         """How long events have waited with none sent, as far as the looks and
         requests so far saw (0 while nothing waits or events go out)."""
         now = time.monotonic()
-        waiting = self._counters.not_handed() > 0 or figures["queued"] \
-            or figures["transport_bytes"] or figures.get("spool_unsent_bytes")
-        if not waiting or figures["sent"] != self._progress[0]:
-            self._progress = (figures["sent"], now)
+        waiting = bool(self._counters.not_handed() > 0 or figures["queued"]
+                       or figures["transport_bytes"] or figures.get("spool_unsent_bytes"))
+        was_waiting, self._was_waiting = self._was_waiting, waiting
+        if not waiting or not was_waiting or figures["sent"] != self._progress[0]:
+            self._progress = (figures["sent"], now)  # a wait seen first counts from now
             return 0.0
         return now - self._progress[1]
 

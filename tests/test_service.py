@@ -395,6 +395,62 @@ def test_metrics_file_of_a_run_that_left_lines_undelivered_keeps_its_exit_code(t
     assert metric_value(families, "zmqpush_events_sent_total") == 0
 
 
+def test_metrics_file_with_a_spool_left_undelivered_keeps_exit_3(tmp_path):
+    """The spool is closed before the metrics file's last version is written: its
+    figures must still be there (a closed spool once made the run fail, exit 1)."""
+    metrics, receiver = tmp_path / "zmqpush.prom", Receiver(free_port())
+    proc = start(["-q", "-c", receiver.endpoint, "--linger", "0.5", "--metrics-file",
+                  str(metrics), "--spool", str(tmp_path / "spool")])
+    try:
+        proc.stdin.write(b"taken\n" * 100)
+        proc.stdin.flush()
+        assert receiver.wait_for(100, 10) == 100
+        receiver.stop()
+        time.sleep(0.5)
+        proc.stdin.write(b"left\n" * 5)
+        proc.stdin.close()
+        assert proc.wait(20) == 3, proc.stderr.read()
+    finally:
+        stop_process(proc)
+    assert metric_value(read_metrics(metrics), "zmqpush_exit_code") == 3
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "not-prom"])
+def test_metrics_file_never_takes_over_what_is_not_its_own(tmp_path, kind):
+    """zmqpush replaces and removes its file: a link, a pipe or a name the textfile
+    collector would not read is refused at start, and left as it was."""
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    path = tmp_path / ("m.txt" if kind == "not-prom" else "m.prom")
+    if kind == "symlink":
+        path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    proc = subprocess.run([ZMQPUSH, "--metrics-file", str(path)], input=b"",
+                          capture_output=True, timeout=20)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count(b"\n") == 1 and b"--metrics-file" in proc.stderr
+    assert target.read_text() == "keep me"
+    assert path.is_symlink() if kind == "symlink" else (
+        path.is_fifo() if kind == "fifo" else not path.exists())
+
+
+def test_metrics_file_with_the_longest_name_a_file_can_have(receiver, tmp_path):
+    """The temporary file beside it must not be longer than the name itself."""
+    metrics = tmp_path / ("m" * 250 + ".prom")
+    proc = start(["-c", receiver.endpoint, "--metrics-file", str(metrics)])
+    try:
+        proc.stdin.write(b"one\n")
+        proc.stdin.flush()
+        assert metric_value(read_metrics(metrics, predicate=sent(1)),
+                            "zmqpush_events_sent_total") == 1
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+        assert b"cannot write" not in proc.stderr.read()
+    finally:
+        stop_process(proc)
+
+
 def test_pid_placeholder_gives_each_instance_its_own_file_and_label(receiver, tmp_path):
     args = ["-c", receiver.endpoint, "--metrics-file", str(tmp_path / "zmqpush-{pid}.prom")]
     procs = [start(args), start(args)]
