@@ -729,9 +729,10 @@ def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
 # Keys zmqpush writes itself, or that Logstash gives a meaning: "@metadata" must
 # be an object and "event" (ECS v8: [event][original]) too, or the whole frame
 # becomes one _jsonparsefailure event; "tags" is Logstash's list and "@version" its
-# own; "host" belongs to --host-field and --host-field-ecs (README "Logstash").
+# own; "host" belongs to --host-field and --host-field-ecs (README "Logstash");
+# "@json_error" marks what --json and --journal could not merge or had to fix.
 RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp",
-                   "@metadata", "@version", "event", "tags", "host")
+                   "@metadata", "@version", "event", "tags", "host", "@json_error")
 
 
 def utf8(text: str, what: str) -> bytes:
@@ -920,8 +921,10 @@ def structured_options(opt: dict) -> dict:
             raise UsageError(f"--{name.replace('_', '-')} needs --json")
     target = opt["json_target"]
     if target is not None:
-        if not target or target in (spec.partition("=")[0] for spec in opt["field"] or []):
-            raise UsageError(f"--json-target {target!r}: give a key no -f field uses")
+        if not target or target in RESERVED_FIELDS or target in (
+                spec.partition("=")[0] for spec in opt["field"] or []):
+            raise UsageError(f"--json-target {target!r}: give a key no -f field uses "
+                             "and zmqpush does not write")
         check_field_key(target, [])
         utf8(target, "--json-target")
     key = opt["json_message_key"]
@@ -1491,13 +1494,23 @@ def group_events(events: list, array_bytes: int) -> tuple:
 # line sent as text, and the deepest nesting sent (Logstash's parser refuses
 # more than 1,000 levels, Python's own recursion stops near there).
 JSON_ERROR_KEY = "@json_error"
+NUMBER_OUT_OF_RANGE = "a number out of range"
 JSON_FAILURE_TAG = "_jsonparsefailure"
 MAX_JSON_DEPTH = 100
 _JSON_SPACE = " \t\n\r"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # Logstash parses "@timestamp" leniently; this is the part of ISO 8601 it always takes.
 _ISO8601 = re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d"
-                      r":[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)")
+                      r":[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)", re.ASCII)
+
+
+def iso8601_time(value) -> bool:
+    """Whether value is an ISO 8601 time with its zone on a day that exists."""
+    if not isinstance(value, str) or _ISO8601.fullmatch(value) is None:
+        return False
+    year, month, day = int(value[:4]), int(value[5:7]), int(value[8:10])
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    return day <= (29 if leap else 28) if month == 2 else day <= 30 + (month + month // 8) % 2
 
 
 class _NotFinite(ValueError):
@@ -1520,8 +1533,7 @@ _dump_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
 
 # Keys Logstash gives a meaning, what their value must be, and why not.
 RESERVED_CHECKS = {
-    "@timestamp": (lambda v: isinstance(v, str) and _ISO8601.fullmatch(v) is not None,
-                   "not an ISO 8601 time with its zone"),
+    "@timestamp": (iso8601_time, "not an ISO 8601 time with its zone"),
     "@metadata": (lambda v: isinstance(v, dict), "not an object"),
     "tags": (lambda v: isinstance(v, str) or (
         isinstance(v, list) and all(isinstance(t, str) for t in v)),
@@ -1766,7 +1778,8 @@ class JsonEncoder:
         ours = json.loads(b"{" + closing)
         if not (fixes or moved) and ours.keys().isdisjoint(obj):
             return self._splice(body, bool(obj), closing)
-        return self._dump(self._merged(obj, ours), fixes)
+        return self._dump(self._merged(obj, ours), fixes) or self._failed(
+            raw, closing, NUMBER_OUT_OF_RANGE)
 
     def _merged(self, obj: dict, ours: dict) -> dict:
         """obj and zmqpush's keys, the second winning (ours, unless overwrite),
@@ -1778,11 +1791,17 @@ class JsonEncoder:
         return event
 
     def _dump(self, event: dict, fixes: list) -> bytes:
-        """event as JSON, with "@json_error" when reserved keys were fixed."""
+        """event as JSON, with "@json_error" when reserved keys were fixed;
+        b"" if a number in it is out of range (1e400 parses as infinity)."""
         if fixes:
             event[JSON_ERROR_KEY] = "; ".join(fixes)
+        try:
+            text = _dump_json(event)
+        except ValueError:
+            return b""
+        if fixes:
             self._counters.json_fixed += 1
-        return _dump_json(event).encode("utf-8")
+        return text.encode("utf-8")
 
     @staticmethod
     def _refusal(text: str, obj: dict) -> str | None:
@@ -1800,6 +1819,8 @@ class JsonEncoder:
                 _dump_json(obj).encode("utf-8")
             except UnicodeEncodeError:
                 return "lone surrogate"
+            except ValueError:
+                return NUMBER_OUT_OF_RANGE
         return None
 
     @staticmethod
@@ -1842,6 +1863,12 @@ JOURNAL_FIELDS = (
 JOURNAL_REST_KEY = "journald"
 # Times from 1970 to 9999: what ISO 8601's four-digit years can say.
 _LAST_JOURNAL_SECOND = 253402300799
+
+
+def journal_number(value) -> bool:
+    """Whether value is a journal field's number: ASCII digits an int64 holds
+    (longer ones stay text; int() would refuse over 4,300 digits)."""
+    return isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19
 
 
 def journal_value(value):
@@ -1904,7 +1931,7 @@ class JournalEncoder(JsonEncoder):
         for key in ("host", "@metadata"):
             if isinstance(ours.get(key), dict) and isinstance(entry.get(key), dict):
                 event[key] = {**ours[key], **entry[key]}
-        return self._dump(event, notes)
+        return self._dump(event, notes) or self._failed(raw, closing, NUMBER_OUT_OF_RANGE)
 
     def _entry(self, obj: dict) -> tuple:
         """(fields, notes): the entry's fields as the event carries them."""
@@ -1918,8 +1945,7 @@ class JournalEncoder(JsonEncoder):
             else:
                 event["message"] = message
         stamp = obj.get("__REALTIME_TIMESTAMP")
-        when = (iso8601_micros(int(stamp)) if isinstance(stamp, str) and stamp.isascii()
-                and stamp.isdigit() else None)
+        when = iso8601_micros(int(stamp)) if journal_number(stamp) else None
         if when is not None:
             event["@timestamp"] = when
             del obj["__REALTIME_TIMESTAMP"]
@@ -1933,7 +1959,7 @@ class JournalEncoder(JsonEncoder):
                 continue
             del obj[field]
             _put(event, ecs if self._ecs else plain,
-                 int(value) if number and value.isascii() and value.isdigit() else value)
+                 int(value) if number and journal_number(value) else value)
         if obj:
             event[JOURNAL_REST_KEY] = {key: journal_value(v) for key, v in obj.items()}
         return event, notes

@@ -134,6 +134,13 @@ RESERVED = [
     (b'{"@timestamp":"yesterday"}', {"_@timestamp": "yesterday"}, ["@timestamp"]),
     (b'{"@timestamp":"2026-13-01T00:00:00Z"}', {"_@timestamp": "2026-13-01T00:00:00Z"},
      ["@timestamp"]),
+    (b'{"@timestamp":"2026-02-30T00:00:00Z"}', {"_@timestamp": "2026-02-30T00:00:00Z"},
+     ["@timestamp"]),  # a day that does not exist
+    (b'{"@timestamp":"2025-02-29T00:00:00Z"}', {"_@timestamp": "2025-02-29T00:00:00Z"},
+     ["@timestamp"]),
+    (b'{"@timestamp":"2024-02-29T00:00:00Z"}', {"@timestamp": "2024-02-29T00:00:00Z"}, None),
+    ('{"@timestamp":"\u0662\u0660\u0662\u0666-01-01T00:00:00Z"}'.encode(),
+     {"_@timestamp": "\u0662\u0660\u0662\u0666-01-01T00:00:00Z"}, ["@timestamp"]),
     (b'{"@metadata":"s","x":1}', {"_@metadata": "s", "x": 1}, ["@metadata"]),
     (b'{"tags":[1,"a"]}', {"_tags": [1, "a"]}, ["tags"]),
     (b'{"tags":{"a":1}}', {"_tags": {"a": 1}}, ["tags"]),
@@ -340,7 +347,22 @@ def test_plain_mode_sends_a_json_line_as_a_string_as_before(receiver):
     assert b"JSON" not in proc.stderr
 
 
+@pytest.mark.parametrize("line", [b'{"tags":[1],"n":1e400}', b'{"msg":"m","n":-1e999}',
+                                  b'{"n":1e400,"s":"\\ud83d\\ude00"}'],
+                         ids=["reserved-key", "message-key", "surrogate-pair"])
+def test_a_number_out_of_range_is_sent_as_text_and_the_run_goes_on(receiver, line):
+    """1e400 parses as infinity, which JSON cannot carry: the line goes as text."""
+    proc = run(["app", "--json", "--json-message-key", "msg", "-c", receiver.endpoint],
+               line + b"\n" + b'{"after":1}\n')
+    assert proc.returncode == 0, proc.stderr
+    failed, after = events_of(receiver, 2)
+    assert failed["message"] == line.decode()
+    assert failed["@json_error"] == "a number out of range"
+    assert after["after"] == 1
+
+
 @pytest.mark.parametrize("args", [
+    ["--json", "-f", "@json_error=x"], ["--json", "--json-target", "@json_error"],
     ["--json-target", "x"], ["--json-message-key", "m"], ["--json-overwrite"],
     ["--json", "--journal"], ["--json", "--json-target", "type"],
     ["--json", "--json-target", "dc", "-f", "dc=1"], ["--json", "--json-target", ""],
@@ -449,6 +471,19 @@ def test_journalctl_json_of_a_real_journal_file(tmp_path, receiver, full):
         assert binary["journald"]["BIG"] is None and "message" not in big
         assert big["@json_error"].startswith("MESSAGE is null")
     assert big["program"] == "big"
+
+
+def test_journal_numbers_too_long_for_an_integer_stay_text(receiver):
+    """int() refuses over 4,300 digits: such a field must not stop the run (a
+    restart would read the same entry again, for good)."""
+    digits = "7" * 5000
+    entry = json.dumps({"MESSAGE": "m", "PRIORITY": digits, "_PID": digits,
+                        "__REALTIME_TIMESTAMP": digits, "__CURSOR": "c1"}).encode()
+    proc = run(["j", "--journal", "-c", receiver.endpoint], entry + b"\n" + entry + b"\n")
+    assert proc.returncode == 0, proc.stderr
+    for event in events_of(receiver, 2):
+        assert event["message"] == "m" and event["severity"] == digits
+        assert event["pid"] == digits and "@timestamp" not in event
 
 
 def test_journal_with_ecs_names(tmp_path, receiver):
