@@ -572,7 +572,7 @@ _presets.__name__ = "comma-separated list of " + ", ".join(MULTILINE_PRESETS)
 
 def _pattern(text: str) -> re.Pattern:
     """--multiline-pattern: a Python regular expression, matched on bytes;
-    ValueError if it does not compile or nests unbounded repetitions."""
+    ValueError if it does not compile or nests repetitions (see nests_repetitions)."""
     source = text.encode("utf-8", "surrogateescape")
     try:
         pattern = re.compile(source)
@@ -583,36 +583,38 @@ def _pattern(text: str) -> re.Pattern:
     return pattern
 
 
-_pattern.__name__ = ("Python regular expression without an unbounded repetition "
-                     "inside a repetition, such as (a+)+")
+_pattern.__name__ = ("Python regular expression without a repetition or an "
+                     "alternation inside a repetition, such as (a+)+ or (a|aa)+")
 
 
 def nests_repetitions(source: bytes) -> bool:
     """True if the regular expression repeats, more than once, a part that
-    holds an unbounded repetition ((a+)+, (a*)*, (x+y)*): Python's re may
-    then backtrack for a time exponential in the line's length.  Possessive
-    repetitions and atomic groups (Python 3.11+), which never backtrack, are
-    left out."""
+    holds a repetition or an alternation ((a+)+, (a{1,9}){1,99}, (a|aa)+):
+    Python's re may then backtrack for a time exponential in the line's
+    length, and no signal is taken meanwhile.  Possessive repetitions and
+    atomic groups (Python 3.11+), which never backtrack, are left out."""
     try:
         from re import _parser as parser
     except ImportError:  # CPython before 3.11
         import sre_parse as parser
-    return _nests(parser.parse(source), False, parser.SubPattern, parser.MAXREPEAT)
+    return _nests(parser.parse(source), False, parser.SubPattern)
 
 
-def _nests(parsed, repeated: bool, subpattern: type, unbounded: int) -> bool:
+def _nests(parsed, repeated: bool, subpattern: type) -> bool:
     for op, av in parsed:
         name = str(op)
         if name in ("POSSESSIVE_REPEAT", "ATOMIC_GROUP"):
             continue
         if name in ("MAX_REPEAT", "MIN_REPEAT"):
-            if repeated and av[1] == unbounded:
+            if repeated and av[1] > 1:
                 return True
-            if _nests(av[2], repeated or av[1] > 1, subpattern, unbounded):
+            if _nests(av[2], repeated or av[1] > 1, subpattern):
                 return True
             continue
+        if name == "BRANCH" and repeated:
+            return True
         for child in _subpatterns(av, subpattern):
-            if _nests(child, repeated, subpattern, unbounded):
+            if _nests(child, repeated, subpattern):
                 return True
     return False
 
@@ -664,11 +666,11 @@ class Multiline(NamedTuple):
     timeout: float
 
 
-def multiline_from(opt: dict, max_line_bytes: int, spool: bool) -> Multiline | None:
+def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
     """The --multiline* options checked, or None when neither --multiline nor
     --multiline-pattern is given.  UsageError for options that need those,
-    for both at once, a cap over --max-line-bytes, and --confirm without a
-    spool (see README "Multi-line events")."""
+    for both at once, a cap over --max-line-bytes, and --confirm (see README
+    "Multi-line events")."""
     if not opt["multiline"] and opt["multiline_pattern"] is None:
         for name in ("multiline_negate", "multiline_match", "multiline_max_lines",
                      "multiline_max_bytes", "multiline_timeout"):
@@ -687,9 +689,10 @@ def multiline_from(opt: dict, max_line_bytes: int, spool: bool) -> Multiline | N
     if opt.get("json") or opt.get("journal"):
         raise UsageError("--multiline with --json or --journal: not yet (joined events "
                          "are text; README \"Multi-line events\")")
-    if opt["confirm"] and not spool:
-        raise UsageError("--confirm with --multiline needs --spool: a line is answered "
-                         "once held, and only the spool keeps it across a restart")
+    if opt["confirm"]:
+        raise UsageError("--multiline with --confirm: not yet (rsyslog waits for each reply, "
+                         "so a line would be answered while its event is pending, and lost "
+                         "if zmqpush is killed; README \"Multi-line events\")")
     return Multiline(
         presets=opt["multiline"] or (), pattern=opt["multiline_pattern"],
         negate=bool(opt["multiline_negate"]), after=opt["multiline_match"] != "before",
@@ -870,7 +873,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         metrics_file=check_metrics_file(opt["metrics_file"]),
         metrics_name=utf8(opt["metrics_name"] or "", "--metrics-name").decode("utf-8"),
         metrics_listen=opt["metrics_listen"],
-        multiline=multiline_from(opt, max_line_bytes, bool(opt["spool"])),
+        multiline=multiline_from(opt, max_line_bytes),
         **structured_options(opt),
     )
 
@@ -2462,6 +2465,7 @@ class Joiner:
         self._size = 0  # its text's length (lines and the newlines between them)
         self._state = None
         self._tentative: list = []  # lines held until the next one decides
+        self._tentative_size = 0  # their length, with a newline each
 
     def pending(self) -> int:
         """Lines held: the pending event's and the tentative ones."""
@@ -2498,11 +2502,16 @@ class Joiner:
             if step is not None:
                 action, self._state = step
                 if action == TENTATIVE:
+                    if self._holds_too_much(line):
+                        self._emit(out)  # the event ends; the held lines go on their own
+                        out.append(line + b"\n")
+                        return
                     self._tentative.append(line)
+                    self._tentative_size += 1 + len(line)
                     return
                 for held in self._tentative:
                     self._append(held, out)
-                self._tentative = []
+                self._tentative, self._tentative_size = [], 0
                 self._append(line, out)
                 if action == LAST:
                     self._emit(out)
@@ -2514,6 +2523,11 @@ class Joiner:
         else:
             self._state = state
             self._lines, self._size = [line], len(line)
+
+    def _holds_too_much(self, line: bytes) -> bool:
+        """Whether holding line too would pass a cap with the pending event."""
+        return (len(self._lines) + len(self._tentative) >= self._max_lines
+                or self._size + self._tentative_size + 1 + len(line) > self._max_bytes)
 
     def _append(self, line: bytes, out: list):
         """Add line to the pending event, cutting it first at a cap."""
@@ -2546,7 +2560,7 @@ class Joiner:
         self._lines, self._size = [], 0
         if not cut and self._tentative:
             out.append(b"\n".join(self._tentative) + b"\n")
-            self._tentative = []
+            self._tentative, self._tentative_size = [], 0
 
 
 class Parcel(NamedTuple):
@@ -3152,28 +3166,20 @@ class JoiningReader(StdinReader):
     A pending event leaves when the rule ends it, at EOF and stop(), before
     a SIGUSR1 report (see report()), and after `timeout` seconds without a
     new line: the one timer that runs only while an event is pending.
-    --confirm (with a spool: see multiline_from) answers each line once the
-    spool or the pending event holds it."""
+    Not with --confirm (see multiline_from)."""
 
     def __init__(self, fd: int, queue: ByteQueue, *, joiner: Joiner, timeout: float,
-                 replies: Replies | None = None, **kwargs):
+                 **kwargs):
         super().__init__(fd, queue, **kwargs)
         self._joiner = joiner
         self._timeout = timeout
-        self._answers = replies  # the base class's replies stay None: lines are answered here
         self._last_line = 0.0  # loop time of the last line taken
         self._timer: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()  # one hand-over or flush at a time, in order
         self._flushes: set = set()  # tasks of timer and report flushes
 
-    async def run(self):
-        """As StdinReader.run(); "OK" first with --confirm."""
-        if self._answers is not None:
-            await self._answers.reply(True)
-        await super().run()
-
     async def _hand_over(self, segments: list, nread: int):
-        """Join, encode and queue segments; answer their lines (--confirm)."""
+        """Join, encode and queue segments."""
         async with self._lock:
             await self._join(segments, nread)
         self._arm()
@@ -3189,7 +3195,7 @@ class JoiningReader(StdinReader):
 
     async def _join(self, segments: list, nread: int):
         self._counters.bytes_read += nread
-        out, lines = [], 0
+        out = []
         for seg in bounded_segments(segments, ENCODE_LINES):
             if seg.continues:  # a piece of an over-long line: the event before it ends
                 out += self._joiner.flush()
@@ -3198,14 +3204,10 @@ class JoiningReader(StdinReader):
             chunk = seg.lines
             if seg.strip_cr and 0x0D in chunk:
                 chunk = chunk.replace(b"\r\n", b"\n")
-            if self._answers is not None:
-                lines += chunk.count(b"\n")
             out += self._joiner.feed(chunk)
         await self._queue_output(out)
         if segments:
             self._last_line = self._loop.time()
-        if lines:
-            await self._answers.reply(True, lines)
 
     async def _queue_output(self, out: list):
         """Encode the Joiner's output (and pieces of over-long lines) and queue
