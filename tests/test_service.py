@@ -545,7 +545,17 @@ def start_as_systemd(argv: list, environment: dict) -> subprocess.Popen:
     and WATCHDOG_PID are the pid of the process that execs argv."""
     return subprocess.Popen(
         ["/bin/sh", "-c", 'SYSTEMD_EXEC_PID=$$ WATCHDOG_PID=$$ exec "$@"', "sh", *argv],
-        env={**os.environ, **environment}, stderr=subprocess.PIPE)
+        env={**os.environ, **environment}, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def stop_unit(main: subprocess.Popen):
+    """End what start_as_systemd started, its pipeline's processes too (they are
+    the process group it made, as systemd's cgroup holds a unit's)."""
+    try:
+        os.killpg(main.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    main.wait(10)
 
 
 @pytest.mark.parametrize("unit", [UNIT_JOURNAL, UNIT_PIPELINE], ids=["journal", "pipeline"])
@@ -585,7 +595,7 @@ def test_journal_unit_runs_zmqpush_as_its_main_process_and_stops_without_loss(
         assert main.wait(20) == 0, main.stderr.read()
         assert stop.wait(10) == 0
     finally:
-        stop_process(main)
+        stop_unit(main)
         if stop is not None:
             stop_process(stop)
     assert receiver.messages()[0] == '{"MESSAGE": "entry 0", "__CURSOR": "c0"}'
@@ -622,7 +632,7 @@ def test_pipeline_unit_needs_notify_access_all_and_its_pids_unset(
         os.kill(journalctl, signal.SIGTERM)
         assert main.wait(20) == 0, main.stderr.read()
     finally:
-        stop_process(main)
+        stop_unit(main)
 
 
 def test_under_rsyslog_started_by_systemd_zmqpush_leaves_rsyslogs_notify_socket_alone(
