@@ -67,9 +67,11 @@ def wait_quiet(paths, quiet: float = 1.5, timeout: float = 30.0):
 class Run:
     """zmqpush -c R1 -c R2 ... with `receivers` receiver processes; `stopped` of
     them are SIGSTOPped after every receiver took lines, then lines go on being
-    written one a write, PAUSE apart, while the peak RSS is sampled."""
+    written one a write, PAUSE apart, while the peak RSS is sampled.  `more`:
+    zmqpush's further options."""
 
-    def __init__(self, tmp_path, receivers: int, stopped: int, size: int, bind: bool = False):
+    def __init__(self, tmp_path, receivers: int, stopped: int, size: int, *, bind: bool = False,
+                 more: tuple = ()):
         self.endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(receivers)]
         if bind:  # every receiver connects to zmqpush's one endpoint
             self.endpoints = self.endpoints[:1] * receivers
@@ -81,7 +83,7 @@ class Run:
         self.running_outs = self.outs[stopped:]
         self.size = size
         self.args = (["--bind", self.endpoints[0]] if bind else
-                     [arg for e in self.endpoints for arg in ("-c", e)])
+                     [arg for e in self.endpoints for arg in ("-c", e)]) + list(more)
         self.written = 0
         self.at_stop: list = []
         self.written_at_stop = 0
@@ -182,8 +184,10 @@ def test_running_receivers_keep_getting_lines_while_others_are_stopped(
     """Finding "One paused receiver stalls all": receivers stopped mid-stream
     do not hold the producer, and the running receivers get at least their
     round-robin share of what is written meanwhile (every line once the
-    stopped receivers' bounded queues are full)."""
-    run = run_factory(receivers, stopped, size)
+    stopped receivers' bounded queues are full).  zmqpush deals a read's lines
+    to one receiver at a time: --coalesce 0 makes a read hold one line here, so
+    that the share is counted in lines (a window's reads hold about 25)."""
+    run = run_factory(receivers, stopped, size, more=("--coalesce", "0"))
     try:
         run.go()
         share = (LINES - run.written_at_stop) * (receivers - stopped) // receivers
