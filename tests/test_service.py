@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rsyslog import PrivateRsyslog, available
 from test_rsyslog import binary, omprog, wait_children
-from test_shipping import main_thread_switches
+from test_shipping import main_thread_wakeups
 
 from conftest import ROOT, ZMQPUSH, Receiver, free_port, start, stop_process
 
@@ -200,13 +200,6 @@ def test_no_pings_when_watchdog_pid_names_another_process(receiver, notify):
         stop_process(proc)
 
 
-def wait_idle(proc, seconds: float = 3.0) -> int:
-    """The main thread's context switches over seconds."""
-    before = main_thread_switches(proc.pid)
-    time.sleep(seconds)
-    return main_thread_switches(proc.pid) - before
-
-
 def test_idle_with_notify_and_metrics_file_the_main_thread_never_wakes(receiver, notify,
                                                                         tmp_path):
     metrics = tmp_path / "zmqpush.prom"
@@ -219,7 +212,7 @@ def test_idle_with_notify_and_metrics_file_the_main_thread_never_wakes(receiver,
         assert receiver.wait_for(1, 10) == 1
         assert notify.wait_for(status_with("1 read, 1 sent"))
         time.sleep(5.0)  # the last looks at the counters, the replay window's quiet checks
-        assert wait_idle(proc) == 0
+        assert main_thread_wakeups(proc) == 0
         # Asleep, the publisher wakes for the next line and says it.
         proc.stdin.write(b"a second line\n")
         proc.stdin.flush()
@@ -245,7 +238,7 @@ def test_idle_with_the_receiver_down_the_publisher_sleeps_until_one_connects(not
         proc.stdin.flush()
         assert notify.wait_for(status_with("1 read, 0 sent"))
         time.sleep(3.0)  # start-up, the one-time notice, the last look
-        assert wait_idle(proc) == 0
+        assert main_thread_wakeups(proc) == 0
         receiver = Receiver(port)
         assert receiver.wait_for(1, 10) == 1
         assert notify.wait_for(status_with("1 read, 1 sent", "1 receivers connected"))
@@ -268,7 +261,7 @@ def test_idle_with_the_watchdog_on_only_its_pings_wake_the_main_thread(receiver,
         assert receiver.wait_for(1, 10) == 1
         time.sleep(5.0)
         pings = len(notify.pings())
-        switches = wait_idle(proc)
+        switches = main_thread_wakeups(proc)
         pings = len(notify.pings()) - pings
         assert pings >= 4  # every 0.5 s
         assert switches <= pings + 1, (switches, pings)
