@@ -64,13 +64,14 @@ class Outage:
     """One shipment with receiver restarts; run() returns its figures."""
 
     def __init__(self, args_: list, *, lines: int, restarts: int, rate: float, kill: bool,
-                 tmp: str, bind: bool = False, rcvbuf: int = 0):
+                 tmp: str, bind: bool = False, rcvbuf: int = 0, share: float = 1.0):
         self.args = [arg.format(tmp=tmp) for arg in args_]  # "{tmp}": a directory for this run
         self.lines, self.restarts, self.rate, self.kill = lines, restarts, rate, kill
         self.rcvbuf = rcvbuf  # the receiver's SO_RCVBUF (bench/stock_input.py --rcvbuf)
         self.out = os.path.join(tmp, f"received-{time.monotonic_ns()}.txt")
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.bind = bind
+        self.share = share  # of the lines this receiver gets: others may be connected too
         self.ids = "--event-id" in args_
         self.stderr = ""
 
@@ -98,7 +99,8 @@ class Outage:
         feeder.start()
         try:
             for n in range(1, self.restarts + 1):
-                self._wait_received(self.lines * n // (self.restarts + 2), 60, shipper)
+                restart_at = self.lines * n // (self.restarts + 2)
+                self._wait_received(int(restart_at * self.share), 60, shipper)
                 receiver.send_signal(signal.SIGKILL if self.kill else signal.SIGTERM)
                 receiver.wait(10)
                 time.sleep(0.3)
