@@ -1479,17 +1479,17 @@ class Encoder:
 
 def group_events(events: list, array_bytes: int) -> tuple:
     """(messages, counts): events as arrays of at most array_bytes (a larger
-    event alone)."""
-    messages, counts, run, size = [], [], [], 2
-    for event in events:
-        if run and size + len(event) + 1 > array_bytes:
-            messages.append(b"[" + b",".join(run) + b"]")
-            counts.append(len(run))
-            run, size = [], 2
-        run.append(event)
-        size += len(event) + 1
-    messages.append(b"[" + b",".join(run) + b"]")
-    counts.append(len(run))
+    event alone), the cuts found by bisection: a step per array, not per event."""
+    # ends[k]: the bytes of events[:k], each counted with one comma
+    ends = list(map(operator.add, itertools.accumulate(map(len, events), initial=0),
+                    itertools.count(1)))
+    messages, counts, start, total = [], [], 0, len(events)
+    while start < total:
+        stop = max(bisect.bisect_right(ends, ends[start] + array_bytes - 2, start + 1) - 1,
+                   start + 1)
+        messages.append(b"[" + b",".join(events[start:stop]) + b"]")
+        counts.append(stop - start)
+        start = stop
     return messages, counts
 
 
@@ -1530,6 +1530,9 @@ _scan_json = json.JSONDecoder(parse_constant=_refuse_constant).scan_once
 QUICK_JSON_CHARS = 2 * MAX_JSON_DEPTH
 # After a chunk with a line the scanner refused, this many are parsed line by line.
 BULK_RETRY_CHUNKS = 16
+# Lines are parsed and spliced in runs of about this many bytes: the objects of
+# a whole read (256 KiB) outgrow the CPU's caches, and parsing slows by half.
+JSON_RUN_BYTES = 32 << 10
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _dump_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
                               allow_nan=False).encode
@@ -1640,8 +1643,11 @@ class JsonEncoder:
             events.append(self._piece(lines[:first], tail, continues))
             lines = lines[first + 1:]
         self._cut = continues
-        if lines:
-            events += self._events(lines, tail)
+        start, size = 0, len(lines)
+        while start < size:
+            end = lines.find(b"\n", start + JSON_RUN_BYTES) + 1 or size
+            events += self._events(lines[start:end] if start or end < size else lines, tail)
+            start = end
         if not self._batch:
             return events, [1] * len(events)
         return group_events(events, self._array_bytes)
@@ -1649,20 +1655,21 @@ class JsonEncoder:
     def _events(self, lines: bytes, tail: bytes) -> list:
         """The events of whole lines: all parsed in one go and, when every one is
         an object that can be spliced, spliced in one go; else line by line."""
-        raws = lines.split(b"\n")
-        raws.pop()
         try:
             text = lines.decode("utf-8")
         except UnicodeDecodeError:
+            raws = lines.split(b"\n")
+            raws.pop()
             return self._each(raws, self._texts(raws), tail)
         texts = text.split("\n")
         texts.pop()
         parsed = self._parse_all(texts)
+        if parsed is not None and self._run_id is None and self._spliceable(text, texts, parsed):
+            return self._splice_all(lines, tail + b"}")
+        raws = lines.split(b"\n")
+        raws.pop()
         if parsed is None:
             return self._each(raws, texts, tail)
-        if (self._run_id is None and _SURROGATE_ESCAPE.search(text) is None
-                and self._spliceable(texts, parsed)):
-            return self._splice_all(lines, tail + b"}")
         ids, closing, event = self._run_id is not None, tail + b"}", self._parsed
         return [event(raw, text, obj, end, self._closing(tail) if ids else closing)
                 for raw, text, (obj, end) in zip(raws, texts, parsed)]
@@ -1683,17 +1690,26 @@ class JsonEncoder:
             return None
         return parsed
 
-    def _spliceable(self, texts: list, parsed: list) -> bool:
-        """True if every line is a non-empty object, parsed to its end, with no
-        key watched and not too deep: the fast path of each (the caller saw
-        no escaped surrogate)."""
+    def _spliceable(self, text: str, texts: list, parsed: list) -> bool:
+        """True if every line of text (texts) is a non-empty object, parsed to
+        its end, with no key watched, no escaped surrogate and not too deep:
+        the fast path of each."""
         objects = list(map(_FIRST, parsed))
         return (self.splices and list(map(_SECOND, parsed)) == list(map(len, texts))
                 and set(map(type, objects)) == {dict} and all(objects)
                 and all(map(self._watched.isdisjoint, objects))
-                and (max(map(len, texts)) <= QUICK_JSON_CHARS or not any(
-                    len(t) > QUICK_JSON_CHARS and t.count("{") + t.count("[") > MAX_JSON_DEPTH
-                    for t in texts)))
+                and _SURROGATE_ESCAPE.search(text) is None
+                and not self._may_be_too_deep(text, texts))
+
+    @staticmethod
+    def _may_be_too_deep(text: str, texts: list) -> bool:
+        """Whether a line of text (texts, each an object) may nest deeper than
+        MAX_JSON_DEPTH: only one with more brackets than that, which is more
+        than one bracket a line over all lines."""
+        if text.count("{") + text.count("[") - len(texts) < MAX_JSON_DEPTH:
+            return False
+        return any(len(t) > QUICK_JSON_CHARS and t.count("{") + t.count("[") > MAX_JSON_DEPTH
+                   for t in texts)
 
     def _splice_all(self, lines: bytes, closing: bytes) -> list:
         """Every line (each an object ending in "}") spliced, in a few passes."""
