@@ -120,6 +120,10 @@ MULTILINE_MATCH_BYTES = 256
 # What fit_memory lowers an unset --queue-bytes or --replay-bytes to, at most.
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
+# --json and --journal: Python's objects of a parsed line take up to this many bytes
+# per byte of it (1 MiB of "[{},{},...]" measured 25 MiB); a run of lines is parsed
+# at a time (JSON_RUN_BYTES), a longer line alone.
+MEMORY_PER_PARSED_BYTE = 28
 
 # Counters go to systemd (STATUS=) and to --metrics-file at most this often, and only
 # while they change or lines wait for a connected receiver (README "Running as a service");
@@ -829,7 +833,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         opt, queue_bytes, 0 if opt["spool"] else replay_bytes,
         zmq_bytes=zmq_queue_bytes(bool(opt["batch"]), bool(replay_bytes)),
         max_line_bytes=max_line_bytes,
-        read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES)
+        read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES,
+        parses=bool(opt.get("json") or opt.get("journal")))
     if not opt["spool"]:
         replay_bytes = held_replay
     # A spool's larger window is there to cover larger kernel buffers, not larger
@@ -950,16 +955,20 @@ def replay_default(opt: dict, spool_bytes: int) -> int:
     return DEFAULT_REPLAY_BYTES
 
 
-def memory_need(held: int, max_line_bytes: int, read_bytes: int) -> int:
+def memory_need(held: int, max_line_bytes: int, read_bytes: int,
+                parses: bool = False) -> int:
     """The worst case, in bytes, of settings whose queue, window and ZeroMQ hold
     `held` bytes: the base, plus per byte of the longest line piece and of one
-    read what escaping and encoding may take (README "Flow control and memory")."""
+    read what escaping and encoding may take, and with parses (--json,
+    --journal) the objects of the largest run of lines parsed at once (README
+    "Flow control and memory")."""
+    parsed = MEMORY_PER_PARSED_BYTE * (max_line_bytes + JSON_RUN_BYTES) if parses else 0
     return (MEMORY_BASE + held + MEMORY_PER_LINE_BYTE * max_line_bytes
-            + MEMORY_PER_READ_BYTE * read_bytes)
+            + MEMORY_PER_READ_BYTE * read_bytes + parsed)
 
 
 def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int,
-               max_line_bytes: int, read_bytes: int) -> tuple:
+               max_line_bytes: int, read_bytes: int, parses: bool = False) -> tuple:
     """(queue bytes, replay bytes) whose worst case fits --memory-bytes.
 
     Settings that fit come back as they are.  Otherwise what the user did not
@@ -969,7 +978,7 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
     user asked for cannot be had within --memory-bytes."""
     limit = opt["memory_bytes"] or DEFAULT_MEMORY_BYTES
     excess = memory_need(queue_bytes + replay_bytes + zmq_bytes, max_line_bytes,
-                         read_bytes) - limit
+                         read_bytes, parses) - limit
     if excess <= 0:
         return queue_bytes, replay_bytes
     fitted = {"queue_bytes": queue_bytes, "replay_bytes": replay_bytes}

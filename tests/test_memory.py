@@ -95,6 +95,7 @@ def test_a_3_mb_line_cut_into_4_byte_pieces_stays_under_64_mib():
 @pytest.mark.parametrize("args", [
     ["--max-line-bytes", str(4 * MIB)], ["--queue-bytes", str(40 * MIB)],
     ["--replay-bytes", str(40 * MIB)], ["--batch", "--batch-bytes", str(4 * MIB)],
+    ["--json", "--max-line-bytes", str(MIB)], ["--journal", "--max-line-bytes", str(MIB)],
 ])
 def test_settings_that_cannot_fit_the_limit_are_refused(args):
     """Even with what the user did not set lowered as far as it goes."""
@@ -126,6 +127,17 @@ def test_one_mib_lines_fit_the_default_memory_bound(shape, mode):
     assert words[0] == "received" and words[3] == "(0" and words[4] == "invalid)", summary
     assert int(words[1]) == MIB_LINES[shape].count(b"\n"), summary
     assert peak_kib < 64 * 1024, peak_kib
+
+
+def test_json_lines_of_a_mib_of_objects_stay_under_the_bound_that_admits_them():
+    """--json parses each line into Python objects: 1 MiB of "[{},{},...]"
+    takes about 25 MiB.  The bound counts them (28 bytes a byte of line)."""
+    line = b'{"a":[' + b",".join([b"{}"] * 349_000) + b"]}\n"
+    code, peak_kib, summary = ship(["--json", "--max-line-bytes", str(MIB), "--memory-bytes",
+                                    str(96 * MIB)], line * 12)
+    assert code == 0
+    assert summary.startswith("received 12 events (0 invalid)"), summary
+    assert peak_kib < 96 * 1024, peak_kib
 
 
 @pytest.mark.parametrize(("args", "lowered"), [
