@@ -1707,7 +1707,7 @@ class JsonEncoder:
         return (self.splices and list(map(_SECOND, parsed)) == list(map(len, texts))
                 and set(map(type, objects)) == {dict} and all(objects)
                 and all(map(self._watched.isdisjoint, objects))
-                and _SURROGATE_ESCAPE.search(text) is None
+                and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
                 and not self._may_be_too_deep(text, texts))
 
     @staticmethod
