@@ -1511,6 +1511,11 @@ JSON_FAILURE_TAG = "_jsonparsefailure"
 MAX_JSON_DEPTH = 100
 _JSON_SPACE = " \t\n\r"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# Logstash reads a key holding "[" or "]" as a field reference and refuses the event
+# (_jsonparsefailure, or its input fails).  Where this finds nothing, no key holds one:
+# a bracket, then the rest of its string, then a colon; or an escaped bracket.
+_BRACKET_KEY = re.compile(r'[\[\]](?:[^"\\]|\\.)*"[ \t\n\r]*:|\\u005[bdBD]')
+BRACKET_KEY_REFUSAL = "a key holds [ or ] (Logstash reads it as a field reference)"
 # Logstash parses "@timestamp" leniently; this is the part of ISO 8601 it always takes.
 _ISO8601 = re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d"
                       r":[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)", re.ASCII)
@@ -1565,6 +1570,22 @@ def json_depth(value) -> int:
     if isinstance(value, list):
         return 1 + max(map(json_depth, value), default=0)
     return 0
+
+
+def may_hold_bracket_key(text: str) -> bool:
+    """False if no key of the JSON text holds "[" or "]" (True: perhaps one does)."""
+    return ("[" in text or "]" in text or "\\u" in text) and \
+        _BRACKET_KEY.search(text) is not None
+
+
+def bracket_key(value) -> bool:
+    """Whether a key of a parsed value (at most MAX_JSON_DEPTH deep), at any
+    depth, holds "[" or "]"."""
+    if isinstance(value, dict):
+        return any("[" in key or "]" in key or bracket_key(v) for key, v in value.items())
+    if isinstance(value, list):
+        return any(map(bracket_key, value))
+    return False
 
 
 def fix_reserved(obj: dict) -> list:
@@ -1708,7 +1729,8 @@ class JsonEncoder:
                 and set(map(type, objects)) == {dict} and all(objects)
                 and all(map(self._watched.isdisjoint, objects))
                 and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
-                and not self._may_be_too_deep(text, texts))
+                and not self._may_be_too_deep(text, texts)
+                and not may_hold_bracket_key(text))
 
     @staticmethod
     def _may_be_too_deep(text: str, texts: list) -> bool:
@@ -1775,7 +1797,7 @@ class JsonEncoder:
             return self._failed(raw, closing, "not a JSON object")
         body = raw if end == len(text) and raw[:1] == b"{" else raw.strip(b" \t\n\r")
         if (self.splices and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
-                and self._watched.isdisjoint(obj)
+                and self._watched.isdisjoint(obj) and not may_hold_bracket_key(text)
                 and (len(text) <= QUICK_JSON_CHARS
                      or text.count("{") + text.count("[") <= MAX_JSON_DEPTH)):
             return self._splice(body, bool(obj), closing)
@@ -1834,7 +1856,7 @@ class JsonEncoder:
     @staticmethod
     def _refusal(text: str, obj: dict) -> str | None:
         """Why a parsed object cannot be sent as JSON (too deep, a lone
-        surrogate), or None."""
+        surrogate) or taken by Logstash (a bracket in a key), or None."""
         if text.count("{") + text.count("[") > MAX_JSON_DEPTH:
             try:
                 deep = json_depth(obj) > MAX_JSON_DEPTH
@@ -1849,6 +1871,8 @@ class JsonEncoder:
                 return "lone surrogate"
             except ValueError:
                 return NUMBER_OUT_OF_RANGE
+        if may_hold_bracket_key(text) and bracket_key(obj):
+            return BRACKET_KEY_REFUSAL
         return None
 
     @staticmethod

@@ -15,6 +15,7 @@ from rsyslog import PrivateRsyslog, available
 from conftest import ZMQPUSH, Receiver, closing_count, free_port, run, start, stop_process
 
 DEEPEST = 100  # README "Structured logs": the deepest nesting merged
+BRACKET = "a key holds [ or ] (Logstash reads it as a field reference)"
 
 # (line, what arrives): a dict is the object's fields merged at the root; a str is
 # the "@json_error" of a line sent as text.
@@ -53,6 +54,12 @@ HOSTILE = [
     (b"plain text line", "not JSON"),
     (b"", "not JSON"),
     (b"\xef\xbb\xbf{\"bom\":1}", "not JSON"),
+    (b'{"a[b]":1}', BRACKET),  # Logstash would tag it _jsonparsefailure: said here
+    (b'{"x":{"[":2}}', BRACKET),
+    (b'{"l":[{"in]ner":1}]}', BRACKET),
+    (b'{"a\\u005bb":1}', BRACKET),
+    (b'{"t":["a","b"],"k":"[x]: y","q":"\\"[\\"","":[]}',
+     {"t": ["a", "b"], "k": "[x]: y", "q": '"["', "": []}),
 ]
 
 
