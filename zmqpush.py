@@ -1512,9 +1512,7 @@ MAX_JSON_DEPTH = 100
 _JSON_SPACE = " \t\n\r"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # Logstash reads a key holding "[" or "]" as a field reference and refuses the event
-# (_jsonparsefailure, or its input fails).  Where this finds nothing, no key holds one:
-# a bracket, then the rest of its string, then a colon; or an escaped bracket.
-_BRACKET_KEY = re.compile(r'[\[\]](?:[^"\\]|\\.)*"[ \t\n\r]*:|\\u005[bdBD]')
+# (_jsonparsefailure, or its input fails).
 BRACKET_KEY_REFUSAL = "a key holds [ or ] (Logstash reads it as a field reference)"
 # Logstash parses "@timestamp" leniently; this is the part of ISO 8601 it always takes.
 _ISO8601 = re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d"
@@ -1573,17 +1571,17 @@ def json_depth(value) -> int:
 
 
 def may_hold_bracket_key(text: str) -> bool:
-    """False if no key of the JSON text holds "[" or "]" (True: perhaps one does)."""
-    return ("[" in text or "]" in text or "\\u" in text) and \
-        _BRACKET_KEY.search(text) is not None
+    """False if no key of the JSON text can hold "[" or "]" (nor escaped)."""
+    return "[" in text or "]" in text or "\\u" in text
 
 
 def bracket_key(value) -> bool:
     """Whether a key of a parsed value (at most MAX_JSON_DEPTH deep), at any
     depth, holds "[" or "]"."""
-    if isinstance(value, dict):
-        return any("[" in key or "]" in key or bracket_key(v) for key, v in value.items())
-    if isinstance(value, list):
+    if type(value) is dict:
+        keys = "".join(value)
+        return "[" in keys or "]" in keys or any(map(bracket_key, value.values()))
+    if type(value) is list:
         return any(map(bracket_key, value))
     return False
 
@@ -1730,7 +1728,7 @@ class JsonEncoder:
                 and all(map(self._watched.isdisjoint, objects))
                 and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
                 and not self._may_be_too_deep(text, texts)
-                and not may_hold_bracket_key(text))
+                and not (may_hold_bracket_key(text) and any(map(bracket_key, objects))))
 
     @staticmethod
     def _may_be_too_deep(text: str, texts: list) -> bool:
@@ -1797,9 +1795,10 @@ class JsonEncoder:
             return self._failed(raw, closing, "not a JSON object")
         body = raw if end == len(text) and raw[:1] == b"{" else raw.strip(b" \t\n\r")
         if (self.splices and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
-                and self._watched.isdisjoint(obj) and not may_hold_bracket_key(text)
+                and self._watched.isdisjoint(obj)
                 and (len(text) <= QUICK_JSON_CHARS
-                     or text.count("{") + text.count("[") <= MAX_JSON_DEPTH)):
+                     or text.count("{") + text.count("[") <= MAX_JSON_DEPTH)
+                and not (may_hold_bracket_key(text) and bracket_key(obj))):
             return self._splice(body, bool(obj), closing)
         return self._object_event(raw, body, text, obj, closing)
 
