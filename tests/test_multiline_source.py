@@ -215,11 +215,11 @@ def test_a_one_line_journal_event_is_byte_identical_to_journal_alone(tmp_path, r
     """Byte for byte, though not in the same order: a line that began an event
     the next line of its source ended leaves after the lines between."""
     path = journal_of(tmp_path, [b"first\nTraceback (most recent call last):\n\nplain",
-                                 b"other\n\n  indented", b"x"])
+                                 b"other\n  indented", b"x"])  # indented: another pid's
     data = journalctl(path, "--all")
     proc = ship(receiver, data, "--journal", "-f", "dc=eu1", "--multiline", "python")
     assert sorted(without_pid(receiver.frames, proc)) == sorted(json_alone(data, "--journal"))
-    assert len(receiver.frames) == 8
+    assert len(receiver.frames) == 7
     assert "Joined 0 lines into 0 multi-line events" in proc.stderr.decode()
 
 
@@ -314,19 +314,24 @@ TRACE = {"a": 'Traceback (most recent call last):\n  File "x", line 1',
 
 
 def test_the_quiet_timeout_flushes_each_source_on_its_own_then_sleeps(receiver):
-    """a goes quiet while b's lines keep coming: a's event leaves after the
-    timeout, b's only once b is quiet; then the loop wakes no more."""
+    """a goes quiet at once, c a little later, while b's lines keep coming:
+    a's and c's events leave each after its own timeout, b's only once b is
+    quiet; then the loop wakes no more."""
     proc = pending_sources(receiver, "--multiline-timeout", "1.5")
     try:
-        for n in range(8):  # b continues every 0.3 s: 2.4 s of lines
-            time.sleep(0.3)
+        for n in range(12):  # b continues every 0.25 s: 3 s of lines
+            time.sleep(0.25)
             proc.stdin.write(b'{"p":"b","message":"    frame %d"}\n' % n)
+            if n == 0:
+                proc.stdin.write(b'{"p":"c","message":"Traceback (most recent call last):"}\n'
+                                 b'{"p":"c","message":"    frame c"}\n')
             proc.stdin.flush()
-            if n == 6:
-                assert receiver.messages() == ["before", TRACE["a"]]
-        b = TRACE["b"] + "".join(f"\n    frame {n}" for n in range(8))
-        assert receiver.wait_for(3, 10) == 3
-        assert receiver.messages() == ["before", TRACE["a"], b]
+            if n == 9:  # 2.5 s: a's and c's timeouts passed, b's not
+                assert receiver.messages() == [
+                    "before", TRACE["a"], "Traceback (most recent call last):\n    frame c"]
+        b = TRACE["b"] + "".join(f"\n    frame {n}" for n in range(12))
+        assert receiver.wait_for(4, 10) == 4
+        assert receiver.messages()[3] == b
         time.sleep(2.0)  # the replay window's quiet checks, as in test_shipping
         assert main_thread_wakeups(proc) == 0
         proc.stdin.close()
