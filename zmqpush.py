@@ -2374,6 +2374,9 @@ class JavaRule:
     Such lines after any other line begin an event of their own."""
 
     HEAD, TRACE = range(2)
+    # scan() passes over a head that no frame follows in the chunk: right for
+    # one stream of lines, not for lines of several sources (see SourceJoiner).
+    scans_one_stream = True
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
@@ -2471,6 +2474,8 @@ class Presets:
 
     def __init__(self, names: tuple):
         self._rules = [PRESET_RULES[name]() for name in names]
+        self.scans_one_stream = any(getattr(rule, "scans_one_stream", False)
+                                    for rule in self._rules)
 
     def scan(self, chunk: bytes, pos: int) -> int:
         found = [at for at in (rule.scan(chunk, pos) for rule in self._rules) if at >= 0]
@@ -2704,6 +2709,7 @@ class SourceJoiner:
                  keys: tuple, message_key: str | None = None, journal: bool = False,
                  clock=time.monotonic):
         self._joiner = functools.partial(Joiner, rule, max_lines, max_bytes, counters)
+        self._scan = PatternRule.scan if getattr(rule, "scans_one_stream", False) else rule.scan
         self._keys = keys
         self._journal = journal
         self._message_key = "MESSAGE" if journal else message_key or "message"
@@ -2719,11 +2725,32 @@ class SourceJoiner:
 
     def feed(self, chunk: bytes) -> list:
         """The output of chunk (whole lines, CR before newline already stripped
-        where it is to be)."""
+        where it is to be).  While no source has an event pending, the rule's
+        scan() over what it sees of all the lines finds the first that may
+        begin one: the lines before it leave as they are, in one run (not
+        with java, whose scan() is right only for one stream)."""
         out: list = []
         now = self.clock()
-        for line in chunk.split(b"\n")[:-1]:
-            self._take(line, now, out)
+        lines = chunk.split(b"\n")
+        lines.pop()
+        seen = list(map(self._classify, lines))
+        starts = None  # where each line's part begins in what the rule sees
+        at, size = 0, len(lines)
+        while at < size:
+            if not self._sources:
+                if starts is None:
+                    parts = [b"" if part is None else part for _, part, _ in seen]
+                    starts = list(itertools.accumulate(map(len, parts), lambda a, b: a + b + 1,
+                                                       initial=0))
+                    text = b"\n".join(parts) + b"\n"
+                found = self._scan(text, starts[at])
+                first = size if found < 0 else bisect.bisect_right(starts, found) - 1
+                if first > at:
+                    out.append(b"\n".join(lines[at:first]) + b"\n")
+                    at = first
+                    continue
+            self._take(lines[at], seen[at], now, out)
+            at += 1
         return out
 
     def flush(self) -> list:
@@ -2749,8 +2776,8 @@ class SourceJoiner:
             return None
         return min(entry.last for entry in self._sources.values()) + timeout
 
-    def _take(self, line: bytes, now: float, out: list):
-        source, seen, message = self._classify(line)
+    def _take(self, line: bytes, classified: tuple, now: float, out: list):
+        source, seen, message = classified
         if seen is None:  # an object without a message: it ends its source's event
             self._flush_source(source, out)
             out.append(line + b"\n")

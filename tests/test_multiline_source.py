@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from test_multiline import python_traces
+from test_multiline import java_traces, python_traces
 from test_shipping import main_thread_wakeups
 from test_structured import BOOT_ID, JOURNAL_REMOTE, export_entry, journalctl
 
@@ -28,12 +28,12 @@ def ship(receiver: Receiver, data: bytes, *args, env=None):
     return proc
 
 
-def alone(text: bytes, *args) -> list:
+def alone(text: bytes, presets: str = "python") -> list:
     """The messages --multiline makes of text without --json: what one program's
     lines must become when joined apart from every other source's."""
     receiver = Receiver(free_port())
     try:
-        ship(receiver, text, "--multiline", "python", *args)
+        ship(receiver, text, "--multiline", presets)
         return receiver.messages()
     finally:
         receiver.stop()
@@ -86,6 +86,21 @@ def test_two_programs_tracebacks_interleaved_line_by_line_join_apart(receiver, t
     assert len(events) == sum(len(alone(text)) for text in texts.values())
     joined = sum("\n" in e["message"] for e in events)
     assert f"into {joined} multi-line events (0 cut at a cap)" in proc.stderr.decode()
+
+
+def test_a_java_trace_is_joined_though_another_program_s_lines_come_between(receiver,
+                                                                          tmp_path):
+    """Java's head line is joined by the frames after it: here each comes
+    after a line of the other program."""
+    (java,) = java_traces(tmp_path)
+    python = python_traces(tmp_path)[0]
+    data = b"".join(line + b"\n" for line in alternate(rsyslog_lines("a", java),
+                                                       rsyslog_lines("b", python)))
+    ship(receiver, data, "--json", "--multiline", "python,java", "--multiline-source", "program")
+    events = receiver.events()
+    for name, text in (("a", java), ("b", python)):
+        assert [e["message"] for e in events if e["program"] == name] == alone(
+            text, "python,java")
 
 
 def test_the_message_key_is_what_is_joined(receiver, tmp_path):
