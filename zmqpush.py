@@ -31,6 +31,7 @@ import bisect
 import collections
 import errno
 import fcntl
+import functools
 import itertools
 import json
 import json.encoder
@@ -117,6 +118,19 @@ MULTILINE_PRESETS = ("python", "java", "go", "ruby")
 DEFAULT_MULTILINE_MAX_LINES = 500
 DEFAULT_MULTILINE_TIMEOUT = 3.0
 MULTILINE_MATCH_BYTES = 256
+# Joining per source (--multiline with --json or --journal, see SourceJoiner):
+# journald's fields of one process's lines (systemd.journal-fields(7)), what the
+# sources pending at once hold together at most (each held line counted with
+# MULTILINE_LINE_OVERHEAD for its record, its message and their slots), and how
+# many sources may be pending at once; past either, the oldest pending event
+# leaves.  MEMORY_PER_HELD_BYTE: a held line's bytes, its message as text and as
+# the rule's bytes (measured with tracemalloc: at most 3.1, for messages of emoji;
+# 1 to 3 for ASCII).  At the defaults the 3 MiB this takes keep --memory-bytes.
+JOURNAL_SOURCE_KEYS = ("_HOSTNAME", "_SYSTEMD_UNIT", "_PID")
+MULTILINE_SOURCE_BYTES = 768 << 10
+MULTILINE_SOURCES = 256
+MULTILINE_LINE_OVERHEAD = 256
+MEMORY_PER_HELD_BYTE = 4
 # What fit_memory lowers an unset --queue-bytes or --replay-bytes to, at most.
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
@@ -574,6 +588,17 @@ def _presets(text: str) -> tuple:
 _presets.__name__ = "comma-separated list of " + ", ".join(MULTILINE_PRESETS)
 
 
+def _source_keys(text: str) -> tuple:
+    """--multiline-source: a comma-separated list of keys, each once."""
+    keys = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    if not keys:
+        raise ValueError(text)
+    return keys
+
+
+_source_keys.__name__ = "comma-separated list of keys"
+
+
 def _pattern(text: str) -> re.Pattern:
     """--multiline-pattern: a Python regular expression, matched on bytes;
     ValueError if it does not compile or nests repetitions (see nests_repetitions)."""
@@ -655,6 +680,10 @@ def _multiline_options(g):
     g.add_argument("--multiline-timeout", type=_seconds(0.01, MAX_SECONDS), metavar="SECONDS",
                    help="send an unfinished event after SECONDS without a new line "
                    f"(default {DEFAULT_MULTILINE_TIMEOUT:g})")
+    g.add_argument("--multiline-source", type=_source_keys, metavar="KEY[,KEY...]",
+                   help="--json, --journal: join only lines whose KEYs have the same "
+                   "values (default --journal: " + ",".join(JOURNAL_SOURCE_KEYS)
+                   + "; --json: all objects one source)")
 
 
 class Multiline(NamedTuple):
@@ -668,16 +697,19 @@ class Multiline(NamedTuple):
     max_lines: int
     max_bytes: int
     timeout: float
+    sources: tuple | None = None  # --json, --journal: the keys that tell sources apart
 
 
 def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
     """The --multiline* options checked, or None when neither --multiline nor
     --multiline-pattern is given.  UsageError for options that need those,
-    for both at once, a cap over --max-line-bytes, and --confirm (see README
-    "Multi-line events")."""
+    for both at once, a cap over --max-line-bytes, --multiline-source without
+    --json or --journal, and --confirm (see README "Multi-line events").
+    sources is None for lines joined as they come, else the keys of
+    --multiline-source or their default."""
     if not opt["multiline"] and opt["multiline_pattern"] is None:
         for name in ("multiline_negate", "multiline_match", "multiline_max_lines",
-                     "multiline_max_bytes", "multiline_timeout"):
+                     "multiline_max_bytes", "multiline_timeout", "multiline_source"):
             if opt[name] is not None:
                 raise UsageError(f"--{name.replace('_', '-')} needs --multiline or "
                                  "--multiline-pattern")
@@ -690,9 +722,11 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
     if max_bytes > max_line_bytes:
         raise UsageError(f"--multiline-max-bytes {max_bytes} is over --max-line-bytes "
                          f"{max_line_bytes}: raise --max-line-bytes too")
-    if opt.get("json") or opt.get("journal"):
-        raise UsageError("--multiline with --json or --journal: not yet (joined events "
-                         "are text; README \"Multi-line events\")")
+    structured = bool(opt.get("json") or opt.get("journal"))
+    if opt["multiline_source"] is not None and not structured:
+        raise UsageError("--multiline-source needs --json or --journal")
+    for key in opt["multiline_source"] or ():
+        utf8(key, "--multiline-source")
     if opt["confirm"]:
         raise UsageError("--multiline with --confirm: not yet (rsyslog waits for each reply, "
                          "so a line would be answered while its event is pending, and lost "
@@ -702,7 +736,9 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
         negate=bool(opt["multiline_negate"]), after=opt["multiline_match"] != "before",
         max_lines=opt["multiline_max_lines"] or DEFAULT_MULTILINE_MAX_LINES,
         max_bytes=max_bytes,
-        timeout=opt["multiline_timeout"] or DEFAULT_MULTILINE_TIMEOUT)
+        timeout=opt["multiline_timeout"] or DEFAULT_MULTILINE_TIMEOUT,
+        sources=None if not structured else opt["multiline_source"] or (
+            JOURNAL_SOURCE_KEYS if opt.get("journal") else ()))
 
 
 def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
@@ -829,12 +865,15 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     zmq_bytes = REPLAY_BATCH_ZMQ_BYTES if replay_bytes else BATCH_ZMQ_BYTES
     queue_bytes = opt["queue_bytes"] or DEFAULT_QUEUE_BYTES
     max_line_bytes = opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES
+    multiline = multiline_from(opt, max_line_bytes)
     queue_bytes, held_replay = fit_memory(
         opt, queue_bytes, 0 if opt["spool"] else replay_bytes,
         zmq_bytes=zmq_queue_bytes(bool(opt["batch"]), bool(replay_bytes)),
         max_line_bytes=max_line_bytes,
         read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES,
-        parses=bool(opt.get("json") or opt.get("journal")))
+        parses=bool(opt.get("json") or opt.get("journal")),
+        joining_bytes=(MEMORY_PER_HELD_BYTE * MULTILINE_SOURCE_BYTES
+                       if multiline is not None and multiline.sources is not None else 0))
     if not opt["spool"]:
         replay_bytes = held_replay
     # A spool's larger window is there to cover larger kernel buffers, not larger
@@ -878,7 +917,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         metrics_file=check_metrics_file(opt["metrics_file"]),
         metrics_name=utf8(opt["metrics_name"] or "", "--metrics-name").decode("utf-8"),
         metrics_listen=opt["metrics_listen"],
-        multiline=multiline_from(opt, max_line_bytes),
+        multiline=multiline,
         **structured_options(opt),
     )
 
@@ -968,8 +1007,11 @@ def memory_need(held: int, max_line_bytes: int, read_bytes: int,
 
 
 def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int,
-               max_line_bytes: int, read_bytes: int, parses: bool = False) -> tuple:
-    """(queue bytes, replay bytes) whose worst case fits --memory-bytes.
+               max_line_bytes: int, read_bytes: int, parses: bool = False,
+               joining_bytes: int = 0) -> tuple:
+    """(queue bytes, replay bytes) whose worst case fits --memory-bytes, with
+    parses as memory_need takes it and joining_bytes for what joining per
+    source holds (see SourceJoiner).
 
     Settings that fit come back as they are.  Otherwise what the user did not
     set (opt[...] is None) is lowered: first the queue, then the replay window,
@@ -977,8 +1019,8 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
     line on stderr says so.  UsageError if even that does not fit: what the
     user asked for cannot be had within --memory-bytes."""
     limit = opt["memory_bytes"] or DEFAULT_MEMORY_BYTES
-    excess = memory_need(queue_bytes + replay_bytes + zmq_bytes, max_line_bytes,
-                         read_bytes, parses) - limit
+    excess = memory_need(queue_bytes + replay_bytes + zmq_bytes + joining_bytes,
+                         max_line_bytes, read_bytes, parses) - limit
     if excess <= 0:
         return queue_bytes, replay_bytes
     fitted = {"queue_bytes": queue_bytes, "replay_bytes": replay_bytes}
@@ -998,9 +1040,10 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
     asked = " ".join(f"--{name.replace('_', '-')} {opt[name]}" for name in
                      ("max_line_bytes", "batch_bytes", "queue_bytes", "replay_bytes",
                       "memory_bytes") if opt[name] is not None)
-    warn(f"to fit --memory-bytes {limit} with {asked or 'these settings'}: "
-         f"{' and '.join(lowered)}, lowered from the defaults "
-         '(README "Flow control and memory")')
+    if asked:  # else these are the defaults of a mode that needs more (--json --multiline)
+        warn(f"to fit --memory-bytes {limit} with {asked}: "
+             f"{' and '.join(lowered)}, lowered from the defaults "
+             '(README "Flow control and memory")')
     return fitted["queue_bytes"], fitted["replay_bytes"]
 
 
@@ -1680,6 +1723,39 @@ class JsonEncoder:
             return events, [1] * len(events)
         return group_events(events, self._array_bytes)
 
+    def encode_events(self, texts: list, cut: list, read_at: float = 0.0) -> tuple:
+        """Encode whole events (--multiline per source, see SourceJoiner), one
+        per text, as encode() does a line; cut[i] adds "@continues":true.  A
+        text that holds b"\\n" is lines that were not JSON objects, joined: it
+        goes out as one such line does, its newlines escaped in "message"
+        (counted once in json_failures, "@json_error" saying why its first
+        line was refused).  Any other text is a line (without b"\\n")."""
+        tail = self._tail
+        if self._timestamp:
+            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
+        events = []
+        for text, more in zip(texts, cut):
+            end = tail + b',"@continues":true' if more else tail
+            if 0x0A in text:
+                events.append(self._failed_text(text, end))
+            else:
+                events += self._events(text + b"\n", end)
+        if not self._batch:
+            return events, [1] * len(events)
+        return group_events(events, self._array_bytes)
+
+    def _failed_text(self, text: bytes, tail: bytes) -> bytes:
+        """Lines that were not JSON objects, joined by b"\\n", as one event."""
+        first = text[:text.index(b"\n")]
+        try:
+            why = self._why_not(first.decode("utf-8").lstrip(_JSON_SPACE))
+        except UnicodeDecodeError:
+            why = "invalid UTF-8"
+        closing = self._closing(tail) if self._run_id is not None else tail + b"}"
+        self._counters.json_failures += 1
+        return self._marked_text(
+            escape_utf8_lines(text + b"\n")[:-1].replace(b"\n", b"\\n"), closing, why)
+
     def _events(self, lines: bytes, tail: bytes) -> list:
         """The events of whole lines: all parsed in one go and, when every one is
         an object that can be spliced, spliced in one go; else line by line."""
@@ -1888,9 +1964,14 @@ class JsonEncoder:
     def _failed(self, raw: bytes, closing: bytes, why: str) -> bytes:
         """The line as Encoder sends it, marked as not merged."""
         self._counters.json_failures += 1
-        return b"".join((b'{"message":"', escape_utf8_lines(raw + b"\n")[:-1], b'",',
-                         closing[:-1], b',"tags":["', JSON_FAILURE_TAG.encode(), b'"],"',
-                         JSON_ERROR_KEY.encode(), b'":"', why.encode(), b'"}'))
+        return self._marked_text(escape_utf8_lines(raw + b"\n")[:-1], closing, why)
+
+    @staticmethod
+    def _marked_text(escaped: bytes, closing: bytes, why: str) -> bytes:
+        """The event of an escaped message sent as text, marked as not merged."""
+        return b"".join((b'{"message":"', escaped, b'",', closing[:-1], b',"tags":["',
+                         JSON_FAILURE_TAG.encode(), b'"],"', JSON_ERROR_KEY.encode(),
+                         b'":"', why.encode(), b'"}'))
 
     def _piece(self, raw: bytes, tail: bytes, continues: bool) -> bytes:
         """A piece of a line cut at --max-line-bytes: never JSON on its own."""
@@ -2328,6 +2409,9 @@ class JavaRule:
     Such lines after any other line begin an event of their own."""
 
     HEAD, TRACE = range(2)
+    # scan() passes over a head that no frame follows in the chunk: right for
+    # one stream of lines, not for lines of several sources (see SourceJoiner).
+    scans_one_stream = True
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
@@ -2425,6 +2509,8 @@ class Presets:
 
     def __init__(self, names: tuple):
         self._rules = [PRESET_RULES[name]() for name in names]
+        self.scans_one_stream = any(getattr(rule, "scans_one_stream", False)
+                                    for rule in self._rules)
 
     def scan(self, chunk: bytes, pos: int) -> int:
         found = [at for at in (rule.scan(chunk, pos) for rule in self._rules) if at >= 0]
@@ -2609,6 +2695,218 @@ class Joiner:
         if not cut and self._tentative:
             out.append(b"\n".join(self._tentative) + b"\n")
             self._tentative, self._tentative_size = [], 0
+
+
+# Joining per source (--multiline with --json or --journal, README "Multi-line
+# events"): the rule sees each line's message, and each source (the values of
+# --multiline-source's keys; lines that are not JSON objects one source of their
+# own) has a Joiner of its own while it has an event pending.
+_TEXT_SOURCE = object()  # the source of lines that are not JSON objects
+
+
+class _Source:
+    """A source's Joiner, the records (line, message) of the lines it holds,
+    oldest first, and when its last line came (the clock's time)."""
+
+    __slots__ = ("joiner", "last", "records")
+
+    def __init__(self, joiner: Joiner):
+        self.joiner = joiner
+        self.records: collections.deque = collections.deque()
+        self.last = 0.0
+
+
+class SourceJoiner:
+    """Joins, with a Joiner per source, the lines of JSON objects (--json: the
+    string of message_key, else of "message"; --journal: MESSAGE) by their
+    message, and lines that are not JSON objects by their text; a line is
+    joined only with lines of its own source.
+
+    feed(), flush() and flush_quiet() return, in the order events complete,
+    bytes (lines as they came, each its own event: the encoder sends them as
+    it sends any line) and Joined events whose texts are, for objects, the
+    first line's object with its message replaced by the messages joined by
+    "\\n", as one JSON line (the other lines' fields are dropped); for other
+    lines, the lines joined by b"\\n" (see JsonEncoder.encode_events).  An
+    object whose message is not a string ends its source's pending event and
+    leaves as a line; so do, line by line, the lines of an event whose first
+    object cannot be written again as JSON (a lone surrogate, a number out of
+    range, nesting too deep).  The rule sees a message's own newlines as
+    spaces.  Events of different sources may leave in another order than
+    their first lines came in.
+
+    Holds at most MULTILINE_SOURCES sources with an event pending, and lines
+    of at most MULTILINE_SOURCE_BYTES together (each counted with
+    MULTILINE_LINE_OVERHEAD): past either, the pending event that began first
+    leaves whole.  The Joiner's caps apply per source; its counters count."""
+
+    def __init__(self, rule, max_lines: int, max_bytes: int, counters: Counters, *,
+                 keys: tuple, message_key: str | None = None, journal: bool = False,
+                 clock=time.monotonic):
+        self._joiner = functools.partial(Joiner, rule, max_lines, max_bytes, counters)
+        self._scan = PatternRule.scan if getattr(rule, "scans_one_stream", False) else rule.scan
+        self._keys = keys
+        self._journal = journal
+        self._message_key = "MESSAGE" if journal else message_key or "message"
+        self.clock = clock  # what the times of flush_quiet() are read on
+        self._sources: dict = {}  # source: _Source, in the order their events began
+        self._spare = _Source(self._joiner())  # for a source with nothing pending
+        self._lines = 0  # lines held
+        self._held = 0  # their bytes, each counted with MULTILINE_LINE_OVERHEAD
+
+    def pending(self) -> int:
+        """Lines held, by all sources."""
+        return self._lines
+
+    def feed(self, chunk: bytes) -> list:
+        """The output of chunk (whole lines, CR before newline already stripped
+        where it is to be).  While no source has an event pending, the rule's
+        scan() over what it sees of all the lines finds the first that may
+        begin one: the lines before it leave as they are, in one run (not
+        with java, whose scan() is right only for one stream)."""
+        out: list = []
+        now = self.clock()
+        lines = chunk.split(b"\n")
+        lines.pop()
+        seen = list(map(self._classify, lines))
+        starts = None  # where each line's part begins in what the rule sees
+        at, size = 0, len(lines)
+        while at < size:
+            if not self._sources:
+                if starts is None:
+                    parts = [b"" if part is None else part for _, part, _ in seen]
+                    starts = list(itertools.accumulate(map(len, parts), lambda a, b: a + b + 1,
+                                                       initial=0))
+                    text = b"\n".join(parts) + b"\n"
+                found = self._scan(text, starts[at])
+                first = size if found < 0 else bisect.bisect_right(starts, found) - 1
+                if first > at:
+                    out.append(b"\n".join(lines[at:first]) + b"\n")
+                    at = first
+                    continue
+            self._take(lines[at], seen[at], now, out)
+            at += 1
+        return out
+
+    def flush(self) -> list:
+        """Every pending event and held line, emitted now, the oldest first."""
+        out: list = []
+        for source in list(self._sources):
+            self._flush_source(source, out)
+        return out
+
+    def flush_quiet(self, now: float, timeout: float) -> list:
+        """The pending events of sources whose last line came at or before
+        now - timeout."""
+        out: list = []
+        for source, entry in list(self._sources.items()):
+            if entry.last + timeout <= now:
+                self._flush_source(source, out)
+        return out
+
+    def quiet_at(self, timeout: float) -> float | None:
+        """When the first source with an event pending is quiet for timeout,
+        or None if none is pending."""
+        if not self._sources:
+            return None
+        return min(entry.last for entry in self._sources.values()) + timeout
+
+    def _take(self, line: bytes, classified: tuple, now: float, out: list):
+        source, seen, message = classified
+        if seen is None:  # an object without a message: it ends its source's event
+            self._flush_source(source, out)
+            out.append(line + b"\n")
+            return
+        entry = self._sources.get(source)
+        if entry is None:
+            entry = self._spare
+        entry.records.append((line, message))
+        self._lines += 1
+        self._held += len(line) + MULTILINE_LINE_OVERHEAD
+        self._emit(entry, entry.joiner.feed(seen + b"\n"), out)
+        if not entry.joiner.pending():
+            self._sources.pop(source, None)
+            return
+        entry.last = now
+        if entry is self._spare:
+            self._sources[source] = entry
+            self._spare = _Source(self._joiner())
+        while self._sources and (len(self._sources) > MULTILINE_SOURCES
+                                 or self._held > MULTILINE_SOURCE_BYTES):
+            self._flush_source(next(iter(self._sources)), out)
+
+    def _classify(self, line: bytes) -> tuple:
+        """(source, what the rule sees, message): message None for a line that
+        is not a JSON object; what the rule sees None for an object without a
+        string message."""
+        try:
+            text = line.decode("utf-8").lstrip(_JSON_SPACE)
+            obj, end = _scan_json(text, 0) if text[:1] == "{" else (None, 0)
+        except (UnicodeDecodeError, ValueError, StopIteration, RecursionError):
+            obj = None
+        if type(obj) is not dict or text[end:].strip(_JSON_SPACE):
+            return _TEXT_SOURCE, line, None
+        source = tuple(map(_source_value, map(obj.get, self._keys))) if self._keys else ()
+        message = self._message(obj)
+        if message is None:
+            return source, None, None
+        return source, message.encode("utf-8", "surrogatepass").replace(b"\n", b" "), message
+
+    def _message(self, obj: dict) -> str | None:
+        """The message of a parsed line, as the encoder reads it, or None."""
+        message = obj.get(self._message_key)
+        if self._journal:
+            message = journal_value(message)
+            if isinstance(message, list):
+                message = "\n".join(m for m in message if isinstance(m, str))
+        return message if isinstance(message, str) else None
+
+    def _flush_source(self, source, out: list):
+        entry = self._sources.pop(source, None)
+        if entry is not None:
+            self._emit(entry, entry.joiner.flush(), out)
+
+    def _emit(self, entry: _Source, items: list, out: list):
+        """The Joiner's output items, made of the held lines they stand for."""
+        records = entry.records
+        for item in items:
+            if isinstance(item, bytes):
+                for _ in range(item.count(b"\n")):
+                    out.append(self._release(records)[0] + b"\n")
+                continue
+            for text, cut in zip(item.texts, item.cut):
+                group = [self._release(records) for _ in range(text.count(b"\n") + 1)]
+                if group[0][1] is None:  # lines that are not JSON objects
+                    out.append(Joined([text], [cut]))
+                    continue
+                joined = self._joined_line(group)
+                if joined is None:
+                    out += [raw + b"\n" for raw, _ in group]
+                else:
+                    out.append(Joined([joined], [cut]))
+
+    def _release(self, records: collections.deque) -> tuple:
+        record = records.popleft()
+        self._lines -= 1
+        self._held -= len(record[0]) + MULTILINE_LINE_OVERHEAD
+        return record
+
+    def _joined_line(self, group: list) -> bytes | None:
+        """The first line's object with its message replaced by the group's
+        messages joined, as one JSON line; None if it cannot be written."""
+        obj = _scan_json(group[0][0].decode("utf-8").lstrip(_JSON_SPACE), 0)[0]
+        key = self._message_key
+        obj[key] = "\n".join(message for _, message in group)
+        try:
+            return _dump_json(obj).encode("utf-8")
+        except (ValueError, UnicodeEncodeError, RecursionError):
+            return None
+
+
+def _source_value(value):
+    """A key's value as part of a source: scalars as they are, objects and
+    arrays as their repr (hashable)."""
+    return value if value is None or type(value) in (str, int, float, bool) else repr(value)
 
 
 class Parcel(NamedTuple):
@@ -3344,6 +3642,37 @@ class JoiningReader(StdinReader):
         for task in self._flushes:
             task.cancel()
         super().close()
+
+
+class SourceJoiningReader(JoiningReader):
+    """JoiningReader for --multiline with --json or --journal: a SourceJoiner
+    joins each source's lines apart (chosen at start-up, like JoiningReader).
+    The quiet timer runs only while an event is pending, and flushes each
+    source whose last line came `timeout` seconds ago or more."""
+
+    def __init__(self, fd: int, queue: ByteQueue, *, joiner: SourceJoiner, timeout: float,
+                 **kwargs):
+        super().__init__(fd, queue, joiner=joiner, timeout=timeout, **kwargs)
+        joiner.clock = self._loop.time
+
+    def _arm(self):
+        """Start the quiet timer for the first source to go quiet, if an event
+        is pending and no timer runs."""
+        if self._timer is None:
+            due = self._joiner.quiet_at(self._timeout)
+            if due is not None:
+                self._timer = self._loop.call_at(due, self._on_quiet)
+
+    def _on_quiet(self):
+        self._timer = None
+        if self._joiner.pending() and not self._stopping:
+            self._after_flush(self._flush_if_quiet())
+
+    async def _flush_if_quiet(self):
+        async with self._lock:
+            await self._queue_output(self._joiner.flush_quiet(
+                self._loop.time() + MIN_WINDOW, self._timeout))
+        self._arm()
 
 
 # --------------------------------------------------------------- spooling --
@@ -6196,11 +6525,18 @@ class Shipper:
         multiline = config.multiline
         if multiline is None:
             self._reader = StdinReader(self._stdin_fd, self._queue, **reading)
-        else:
+        elif multiline.sources is None:
             joiner = Joiner(joining_rule(multiline), multiline.max_lines, multiline.max_bytes,
                             self.counters)
             self._reader = JoiningReader(self._stdin_fd, self._queue, joiner=joiner,
                                          timeout=multiline.timeout, **reading)
+        else:
+            joiner = SourceJoiner(joining_rule(multiline), multiline.max_lines,
+                                  multiline.max_bytes, self.counters, keys=multiline.sources,
+                                  message_key=config.json_message_key,
+                                  journal=config.structured == "journal")
+            self._reader = SourceJoiningReader(self._stdin_fd, self._queue, joiner=joiner,
+                                               timeout=multiline.timeout, **reading)
         if spool is not None:
             # --confirm answers a line once spooled: one kept in memory only
             # would be answered before anything holds it for good.
