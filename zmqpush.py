@@ -2607,19 +2607,33 @@ class Answered(NamedTuple):
     lines zmqpush answers "OK" itself, without waiting for ZeroMQ (see
     ConfirmingJoiningReader).  The Confirmer writes `parcel` (None, or events
     whose lines were answered or are answered now) into the transport whole,
-    never refusing it, then gives `answers` replies "OK"."""
+    never refusing it, then gives `answers` replies "OK" and `refused`
+    refusals (lines the reader did not take, see Admission)."""
 
     parcel: Parcel | None
     answers: int
     nbytes: int
     events: list  # the parcel's (see ByteQueue.events)
+    refused: int = 0
 
 
-def answered(parcel: Parcel | None, answers: int) -> Answered:
-    """An Answered item of parcel (or None) and answers."""
+def answered(parcel: Parcel | None, answers: int, refused: int = 0) -> Answered:
+    """An Answered item of parcel (or None), answers and refusals."""
     if parcel is None:
-        return Answered(None, answers, PARCEL_OVERHEAD, [])
-    return Answered(parcel, answers, parcel.nbytes, parcel.events)
+        return Answered(None, answers, PARCEL_OVERHEAD, [], refused)
+    return Answered(parcel, answers, parcel.nbytes, parcel.events, refused)
+
+
+class Admission(NamedTuple):
+    """--confirm --multiline without a spool: the reader asks, in order with
+    what it queued before, whether it may take lines that the Joiner could
+    hold (answered at once, never refused); the Confirmer says True once the
+    transport is empty, waiting as long as it would for a line (see
+    Confirmer.admits)."""
+
+    verdict: asyncio.Future
+    nbytes: int = PARCEL_OVERHEAD
+    events: tuple = ()
 
 
 def parcel_of(messages: list, events: list, ends_line: list, replayed: bool = False) -> Parcel:
@@ -3353,6 +3367,13 @@ class ConfirmingJoiningReader(JoiningReader):
     with one, it is spooled.  Held lines are lost only if zmqpush is killed
     (SIGKILL, a crash) while they are held: the lines of one pending event.
 
+    Without a spool, lines are taken only while the transport holds nothing
+    (`admits`, the Confirmer's, set by the Shipper): otherwise they wait as a
+    line waits for ZeroMQ, and are refused if it stays full (rsyslog sends
+    them again), so that what is answered and not handed stays about one
+    event, and a receiver's outage is rsyslog's to buffer, as without
+    --multiline.
+
     The last piece of an over-long line (see LineFramer) is never joined: it
     is answered as a line of its own, after its other pieces."""
 
@@ -3360,6 +3381,7 @@ class ConfirmingJoiningReader(JoiningReader):
         super().__init__(fd, queue, **kwargs)
         self._spooled = isinstance(queue, SpoolQueue)
         self._tail_due = False  # a piece left: the next line is its line's last piece
+        self.admits = None  # without a spool: async () -> bool, whether lines may be taken
 
     def held_lines(self) -> int:
         """Lines answered and still held by the Joiner."""
@@ -3382,6 +3404,9 @@ class ConfirmingJoiningReader(JoiningReader):
                 end = chunk.index(b"\n") + 1
                 await self._queue_lines([chunk[:end]], 0, 0)
                 chunk = chunk[end:]
+            if chunk and self.admits is not None and not await self.admits():
+                await self._put(answered(None, 0, chunk.count(b"\n")), 0)
+                continue
             if chunk:
                 before = self._joiner.pending()
                 out = self._joiner.feed(chunk)
@@ -5471,16 +5496,16 @@ class Confirmer:
     that nothing could turn into "OK" is not made to wait.
 
     With --multiline, Answered items carry lines zmqpush answers itself (see
-    ConfirmingJoiningReader): their events are never refused, and held in the
-    transport up to most_held bytes (see _write_answered)."""
+    ConfirmingJoiningReader): their events are never refused; the reader
+    takes lines only once admits() says so."""
 
     def __init__(self, sender: Sender, replies: Replies, patience, counters: Counters,
-                 most_held: int = 0):
+                 queue: ByteQueue | None = None):
         self._sender = sender
         self._replies = replies
         self._patience = patience
         self._counters = counters
-        self._most_held = most_held
+        self._queue = queue
         self._answered_taken = 0  # events of Answered items written into the transport
         # (the transport's byte count where each of those messages ends, its events)
         self._answered: collections.deque = collections.deque()
@@ -5496,6 +5521,8 @@ class Confirmer:
                 return
             if type(parcel) is Answered:
                 await self._write_answered(parcel)
+            elif type(parcel) is Admission:
+                await self._admit(parcel)
             elif parcel.replayed:
                 self._spill_replay(parcel)
             else:
@@ -5551,19 +5578,34 @@ class Confirmer:
         self._sender.settle()
         self._sender.window.add(parcel)
 
+    async def admits(self) -> bool:
+        """Whether the reader may take lines now (see ConfirmingJoiningReader):
+        at once True if the transport and the queue are empty, otherwise asked
+        through the queue, after what is queued (see _admit)."""
+        if not self._sender.buffered_bytes() and self._queue.empty():
+            return True
+        verdict = asyncio.get_running_loop().create_future()
+        await self._queue.put(Admission(verdict))
+        return await verdict
+
+    async def _admit(self, admission: Admission):
+        """True once the transport is empty, waiting for it as a line waits for
+        ZeroMQ (see _hand_over): at most patience(), else False."""
+        sender = self._sender
+        admitted = not sender.buffered_bytes()
+        if not admitted:
+            patience = self._patience()
+            admitted = bool(patience) and await self._flushed_within(patience)
+        if not admission.verdict.done():
+            admission.verdict.set_result(admitted)
+
     async def _write_answered(self, item: Answered):
         """Write item's events (their lines were answered, or are answered now)
         into the transport whole, never refused, as _spill_replay does, and keep
-        them in the replay window; then answer item's lines "OK".  While the
-        transport holds most_held bytes or more it first waits for ZeroMQ to
-        take them: lines that are held are never refused, so only this bounds
-        memory when nothing but traces comes while no receiver takes them
-        (rsyslog, waiting for the reply, restarts zmqpush after its
-        confirmTimeout: what is held then is counted lost)."""
+        them in the replay window; then answer item's lines: "OK", or refused
+        (lines the reader did not take)."""
         sender, parcel = self._sender, item.parcel
         if parcel is not None:
-            if sender.buffered_bytes() >= self._most_held:
-                await sender.flush()
             mark = sender.written_bytes()
             for message, events in zip(parcel.messages, parcel.events):
                 mark += len(message)
@@ -5575,6 +5617,9 @@ class Confirmer:
             self.answered_handed()
         if item.answers:
             await self._replies.reply(True, item.answers)
+        if item.refused:
+            self._counters.events_refused += item.refused
+            await self._replies.reply(False, item.refused)
 
     def answered_handed(self) -> int:
         """Events of Answered items that left the transport for ZeroMQ."""
@@ -6449,7 +6494,9 @@ class Shipper:
         read; then cancel and await every task."""
         if self.config.confirm and self._spool is None:
             self._confirmer = Confirmer(self._sender, self._replies, self._confirm_patience,
-                                        self.counters, self.config.queue_bytes)
+                                        self.counters, self._queue)
+            if isinstance(self._reader, ConfirmingJoiningReader):
+                self._reader.admits = self._confirmer.admits
             sender = self._confirmer.run()
         else:
             sender = self._sender.run()
