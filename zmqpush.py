@@ -3439,8 +3439,10 @@ class ConfirmingJoiningReader(JoiningReader):
                     cut = item.index(b"\n", cut) + 1
                     answered_before -= 1
                 self._add(runs, True, item[:cut], 0)
-            if cut < len(item):
-                self._add(runs, False, item[cut:] if cut else item, 0)
+            if not cut:
+                self._add(runs, False, item, 0)
+            elif cut < len(item):
+                self._add(runs, False, item[cut:], 0)
         if held:
             self._add(runs, True, None, held)
         for is_answered, items, answers in runs:
@@ -3477,6 +3479,7 @@ class ConfirmingJoiningReader(JoiningReader):
         for item in items:
             self._counters.events_answered += sum(item.events)
             await self._put(item, sum(item.events))
+
 
 # --------------------------------------------------------------- spooling --
 # Owns the disk spool (--spool): the directory's lock, records in segment
