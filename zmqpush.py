@@ -704,8 +704,8 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
     """The --multiline* options checked, or None when neither --multiline nor
     --multiline-pattern is given.  UsageError for options that need those,
     for both at once, a cap over --max-line-bytes, --multiline-source without
-    --json or --journal, and --confirm (see README "Multi-line events").
-    sources is None for lines joined as they come, else the keys of
+    --json or --journal, and --confirm with those (see README "Multi-line
+    events").  sources is None for lines joined as they come, else the keys of
     --multiline-source or their default."""
     if not opt["multiline"] and opt["multiline_pattern"] is None:
         for name in ("multiline_negate", "multiline_match", "multiline_max_lines",
@@ -727,10 +727,9 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
         raise UsageError("--multiline-source needs --json or --journal")
     for key in opt["multiline_source"] or ():
         utf8(key, "--multiline-source")
-    if opt["confirm"]:
-        raise UsageError("--multiline with --confirm: not yet (rsyslog waits for each reply, "
-                         "so a line would be answered while its event is pending, and lost "
-                         "if zmqpush is killed; README \"Multi-line events\")")
+    if opt["confirm"] and structured:
+        raise UsageError("--multiline with --json or --journal and --confirm: not yet "
+                         "(README \"Multi-line events\")")
     return Multiline(
         presets=opt["multiline"] or (), pattern=opt["multiline_pattern"],
         negate=bool(opt["multiline_negate"]), after=opt["multiline_match"] != "before",
@@ -2126,6 +2125,7 @@ class Counters:
         self.events_joined = 0  # --multiline: events of several lines
         self.lines_joined = 0  # the lines in them
         self.events_cut = 0  # events cut at a --multiline cap
+        self.events_answered = 0  # --confirm --multiline, no spool: in Answered items
         self.json_failures = 0  # --json, --journal: lines sent as text (see JsonEncoder)
         self.json_fixed = 0  # --json, --journal: events with a field moved or noted
 
@@ -2920,7 +2920,8 @@ class Parcel(NamedTuple):
 
     messages: list
     events: list  # events carried by each message (1, or lines in a batch array)
-    ends_line: list  # False for a piece that the next message continues
+    ends_line: list  # True where a line's reply is due (--confirm); False for a piece
+    # that the next message continues, or (--multiline --spool) lines answered already
     nbytes: int
     replayed: bool = False
     start: int = 0
@@ -2932,6 +2933,40 @@ class Parcel(NamedTuple):
 # a Parcel itself costs (the tuple and its three lists).
 MESSAGE_OVERHEAD = 80
 PARCEL_OVERHEAD = 512
+
+
+class Answered(NamedTuple):
+    """--confirm --multiline without a spool, in the queue beside Parcels:
+    lines zmqpush answers "OK" itself, without waiting for ZeroMQ (see
+    ConfirmingJoiningReader).  The Confirmer writes `parcel` (None, or events
+    whose lines were answered or are answered now) into the transport whole,
+    never refusing it, then gives `answers` replies "OK" and `refused`
+    refusals (lines the reader did not take, see Admission)."""
+
+    parcel: Parcel | None
+    answers: int
+    nbytes: int
+    events: list  # the parcel's (see ByteQueue.events)
+    refused: int = 0
+
+
+def answered(parcel: Parcel | None, answers: int, refused: int = 0) -> Answered:
+    """An Answered item of parcel (or None), answers and refusals."""
+    if parcel is None:
+        return Answered(None, answers, PARCEL_OVERHEAD, [], refused)
+    return Answered(parcel, answers, parcel.nbytes, parcel.events, refused)
+
+
+class Admission(NamedTuple):
+    """--confirm --multiline without a spool: the reader asks, in order with
+    what it queued before, whether it may take lines that the Joiner could
+    hold (answered at once, never refused); the Confirmer says True once the
+    transport is empty, waiting as long as it would for a line (see
+    Confirmer.admits)."""
+
+    verdict: asyncio.Future
+    nbytes: int = PARCEL_OVERHEAD
+    events: tuple = ()
 
 
 def parcel_of(messages: list, events: list, ends_line: list, replayed: bool = False) -> Parcel:
@@ -3512,7 +3547,7 @@ class JoiningReader(StdinReader):
     A pending event leaves when the rule ends it, at EOF and stop(), before
     a SIGUSR1 report (see report()), and after `timeout` seconds without a
     new line: the one timer that runs only while an event is pending.
-    Not with --confirm (see multiline_from)."""
+    With --confirm, ConfirmingJoiningReader."""
 
     def __init__(self, fd: int, queue: ByteQueue, *, joiner: Joiner, timeout: float,
                  **kwargs):
@@ -3558,6 +3593,11 @@ class JoiningReader(StdinReader):
     async def _queue_output(self, out: list):
         """Encode the Joiner's output (and pieces of over-long lines) and queue
         it in Parcels of about ENCODE_LINES events."""
+        for parcel in self._encoded(out):
+            await self._put(parcel, sum(parcel.events))
+
+    def _encoded(self, out: list):
+        """The Parcels (an iterator) of the Joiner's output, in order."""
         messages, events, ends = [], [], []
         plain: list = []
         for index, item in enumerate(out):
@@ -3582,10 +3622,10 @@ class JoiningReader(StdinReader):
             messages += encoded
             events += counts
             if len(messages) >= ENCODE_LINES:
-                await self._put(parcel_of(messages, events, ends), sum(events))
+                yield parcel_of(messages, events, ends)
                 messages, events, ends = [], [], []
         if messages:
-            await self._put(parcel_of(messages, events, ends), sum(events))
+            yield parcel_of(messages, events, ends)
 
     def _arm(self):
         """Start the quiet timer if an event is pending and none runs."""
@@ -3673,6 +3713,136 @@ class SourceJoiningReader(JoiningReader):
             await self._queue_output(self._joiner.flush_quiet(
                 self._loop.time() + MIN_WINDOW, self._timeout))
         self._arm()
+
+
+class ConfirmingJoiningReader(JoiningReader):
+    """JoiningReader for --confirm: rsyslog sends a line only once the one
+    before it is answered, so no reply may wait for an event to end; every
+    line read still gets one reply, in order with all the others.
+
+    A line that leaves as a line of its own as it is read is answered as
+    without --multiline: once ZeroMQ took it (the Confirmer, which may refuse
+    it), or once it is spooled (here).  A line the Joiner holds (it begins or
+    continues a pending event, or is a blank line the next one decides on) is
+    answered "OK" at once, and so is one that ends an event as it comes.
+    What leaves later of lines answered already (a joined event, or lines of
+    their own) brings no reply: without a spool it is queued as Answered items,
+    which the Confirmer writes into the transport whole and never refuses;
+    with one, it is spooled.  Held lines are lost only if zmqpush is killed
+    (SIGKILL, a crash) while they are held: the lines of one pending event.
+
+    Without a spool, lines are taken only while the transport holds nothing
+    (`admits`, the Confirmer's, set by the Shipper): otherwise they wait as a
+    line waits for ZeroMQ, and are refused if it stays full (rsyslog sends
+    them again), so that what is answered and not handed stays about one
+    event, and a receiver's outage is rsyslog's to buffer, as without
+    --multiline.
+
+    The last piece of an over-long line (see LineFramer) is never joined: it
+    is answered as a line of its own, after its other pieces."""
+
+    def __init__(self, fd: int, queue: ByteQueue, **kwargs):
+        super().__init__(fd, queue, **kwargs)
+        self._spooled = isinstance(queue, SpoolQueue)
+        self._tail_due = False  # a piece left: the next line is its line's last piece
+        self.admits = None  # without a spool: async () -> bool, whether lines may be taken
+
+    def held_lines(self) -> int:
+        """Lines answered and still held by the Joiner."""
+        return self._joiner.pending()
+
+    async def _join(self, segments: list, nread: int):
+        """Join, encode, queue and answer segments (see the class)."""
+        self._counters.bytes_read += nread
+        for seg in bounded_segments(segments, ENCODE_LINES):
+            if seg.continues:  # a piece of an over-long line: the event before it ends
+                await self._queue_output(self._joiner.flush())
+                await self._queue_lines([seg], 0, 0)
+                self._tail_due = True
+                continue
+            chunk = seg.lines
+            if seg.strip_cr and 0x0D in chunk:
+                chunk = chunk.replace(b"\r\n", b"\n")
+            if self._tail_due:
+                self._tail_due = False
+                end = chunk.index(b"\n") + 1
+                await self._queue_lines([chunk[:end]], 0, 0)
+                chunk = chunk[end:]
+            if chunk and self.admits is not None and not await self.admits():
+                await self._put(answered(None, 0, chunk.count(b"\n")), 0)
+                continue
+            if chunk:
+                before = self._joiner.pending()
+                out = self._joiner.feed(chunk)
+                after = self._joiner.pending()
+                held = min(after, chunk.count(b"\n"))  # the chunk's lines held now
+                await self._queue_lines(out, before - (after - held), held)
+        if segments:
+            self._last_line = self._loop.time()
+
+    async def _queue_output(self, out: list):
+        """Queue what Joiner.flush() emitted: lines answered already (see _join)."""
+        await self._queue_answered(out, 0)
+
+    async def _queue_lines(self, out: list, answered_before: int, held: int):
+        """Queue out, the Joiner's output, whose first answered_before lines
+        were answered already (the Joiner's output keeps the lines' order, and
+        what it holds is always the newest lines); then answer `held` lines
+        "OK".  Joined events and lines answered already leave as answered
+        (see _queue_answered), the lines answered when handed as Parcels."""
+        runs: list = []  # [answered, items, answers], in order
+        for item in out:
+            if isinstance(item, Joined):
+                lines = sum(text.count(b"\n") + 1 for text in item.texts)
+                self._add(runs, True, item, max(0, lines - answered_before))
+                answered_before = max(0, answered_before - lines)
+                continue
+            cut = 0
+            if answered_before and isinstance(item, bytes):
+                for _ in range(min(answered_before, item.count(b"\n"))):
+                    cut = item.index(b"\n", cut) + 1
+                    answered_before -= 1
+                self._add(runs, True, item[:cut], 0)
+            if not cut:
+                self._add(runs, False, item, 0)
+            elif cut < len(item):
+                self._add(runs, False, item[cut:], 0)
+        if held:
+            self._add(runs, True, None, held)
+        for is_answered, items, answers in runs:
+            if is_answered:
+                await self._queue_answered(items, answers)
+            else:
+                await JoiningReader._queue_output(self, items)
+
+    @staticmethod
+    def _add(runs: list, is_answered: bool, item, answers: int):
+        """Add item (None: no item) and answers to the last run if it is of
+        the same kind, else to a new one."""
+        if not runs or runs[-1][0] != is_answered:
+            runs.append([is_answered, [], 0])
+        if item is not None:
+            runs[-1][1].append(item)
+        runs[-1][2] += answers
+
+    async def _queue_answered(self, out: list, answers: int):
+        """Queue out (lines answered already, or answered with it) so that
+        it is never refused, then answer `answers` lines "OK": with a spool,
+        once it is spooled; without, as Answered items for the Confirmer."""
+        parcels = list(self._encoded(out))
+        if self._spooled:
+            for parcel in parcels:
+                await self._put(parcel._replace(ends_line=[False] * len(parcel.messages)),
+                                sum(parcel.events))
+            if answers:
+                await self._replies.reply(True, answers)
+            return
+        items = [answered(parcel, 0) for parcel in parcels[:-1]]
+        if parcels or answers:
+            items.append(answered(parcels[-1] if parcels else None, answers))
+        for item in items:
+            self._counters.events_answered += sum(item.events)
+            await self._put(item, sum(item.events))
 
 
 # --------------------------------------------------------------- spooling --
@@ -5660,6 +5830,14 @@ class Sender:
     def buffered_bytes(self) -> int:
         return self._transport.get_write_buffer_size()
 
+    def written_bytes(self) -> int:
+        """Bytes written into the transport so far (see spill)."""
+        return self._written_bytes
+
+    def sent_bytes(self) -> int:
+        """Bytes written into the transport so far that left it for ZeroMQ."""
+        return self._written_bytes - self._transport.get_write_buffer_size()
+
     def hear_io_thread(self):
         """Let ZeroMQ take in what its I/O thread told it (that messages left its
         queue): a send does that at most about once a millisecond, reading a
@@ -5682,13 +5860,22 @@ class Confirmer:
     refused at once, not after the timeout: rsyslog
     waits for each reply before anything else, its shutdown included (its
     queue workers get about 2.5 s before they are cancelled), so a reply
-    that nothing could turn into "OK" is not made to wait."""
+    that nothing could turn into "OK" is not made to wait.
 
-    def __init__(self, sender: Sender, replies: Replies, patience, counters: Counters):
+    With --multiline, Answered items carry lines zmqpush answers itself (see
+    ConfirmingJoiningReader): their events are never refused; the reader
+    takes lines only once admits() says so."""
+
+    def __init__(self, sender: Sender, replies: Replies, patience, counters: Counters,
+                 queue: ByteQueue | None = None):
         self._sender = sender
         self._replies = replies
         self._patience = patience
         self._counters = counters
+        self._queue = queue
+        self._answered_taken = 0  # events of Answered items written into the transport
+        # (the transport's byte count where each of those messages ends, its events)
+        self._answered: collections.deque = collections.deque()
 
     async def run(self):
         """Say "OK", then send and answer line by line until END."""
@@ -5699,7 +5886,11 @@ class Confirmer:
             if parcel is END:
                 await sender.flush()
                 return
-            if parcel.replayed:
+            if type(parcel) is Answered:
+                await self._write_answered(parcel)
+            elif type(parcel) is Admission:
+                await self._admit(parcel)
+            elif parcel.replayed:
                 self._spill_replay(parcel)
             else:
                 await self._send_confirmed(parcel)
@@ -5753,6 +5944,56 @@ class Confirmer:
         self._sender.spill(parcel.messages, parcel.events, 0, replayed=True, whole=True)
         self._sender.settle()
         self._sender.window.add(parcel)
+
+    async def admits(self) -> bool:
+        """Whether the reader may take lines now (see ConfirmingJoiningReader):
+        at once True if the transport and the queue are empty, otherwise asked
+        through the queue, after what is queued (see _admit)."""
+        if not self._sender.buffered_bytes() and self._queue.empty():
+            return True
+        verdict = asyncio.get_running_loop().create_future()
+        await self._queue.put(Admission(verdict))
+        return await verdict
+
+    async def _admit(self, admission: Admission):
+        """True once the transport is empty, waiting for it as a line waits for
+        ZeroMQ (see _hand_over): at most patience(), else False."""
+        sender = self._sender
+        admitted = not sender.buffered_bytes()
+        if not admitted:
+            patience = self._patience()
+            admitted = bool(patience) and await self._flushed_within(patience)
+        if not admission.verdict.done():
+            admission.verdict.set_result(admitted)
+
+    async def _write_answered(self, item: Answered):
+        """Write item's events (their lines were answered, or are answered now)
+        into the transport whole, never refused, as _spill_replay does, and keep
+        them in the replay window; then answer item's lines: "OK", or refused
+        (lines the reader did not take)."""
+        sender, parcel = self._sender, item.parcel
+        if parcel is not None:
+            mark = sender.written_bytes()
+            for message, events in zip(parcel.messages, parcel.events):
+                mark += len(message)
+                self._answered.append((mark, events))
+            self._answered_taken += sum(parcel.events)
+            sender.spill(parcel.messages, parcel.events, 0, whole=True)
+            sender.settle()
+            sender.window.add(parcel)
+            self.answered_handed()
+        if item.answers:
+            await self._replies.reply(True, item.answers)
+        if item.refused:
+            self._counters.events_refused += item.refused
+            await self._replies.reply(False, item.refused)
+
+    def answered_handed(self) -> int:
+        """Events of Answered items that left the transport for ZeroMQ."""
+        sent, answered = self._sender.sent_bytes(), self._answered
+        while answered and answered[0][0] <= sent:
+            answered.popleft()
+        return self._answered_taken - sum(events for _, events in answered)
 
     async def _flushed_within(self, timeout: float) -> bool:
         """True if the transport buffer is (or becomes, within timeout)
@@ -6444,6 +6685,8 @@ class Shipper:
         self._reporter: Reporter | None = None
         self._waiting: asyncio.TimerHandle | None = None
         self._replies: Replies | None = None
+        self._confirmer: Confirmer | None = None
+        self._answered_lost = (0, 0)  # see _answered_unhanded
         self._spool: Spool | None = None
         self._publisher: Publisher | None = None
         self._listening: socket.socket | None = None
@@ -6491,6 +6734,7 @@ class Shipper:
             self._socket.stop_watching()
             self._reporter.stop()
         handed = self.counters.events_handed + self.counters.events_replayed
+        self._answered_lost = self._answered_unhanded()
         delivered = await self._socket.close(max(0.0, self._deadline - time.monotonic()),
                                              bool(self._sender.buffered_bytes()), bool(handed))
         if self._spool is not None:
@@ -6499,6 +6743,17 @@ class Shipper:
         if self._publisher is not None:
             self._publisher.close(code)
         return code
+
+    def _answered_unhanded(self) -> tuple:
+        """--confirm --multiline: (events, lines) answered "OK" to rsyslog and
+        never handed to ZeroMQ: events of Answered items (no spool), lines
+        still held by the Joiner (the run ended while it could not queue them)."""
+        if not isinstance(self._reader, ConfirmingJoiningReader):
+            return 0, 0
+        events = 0
+        if self._confirmer is not None:
+            events = self.counters.events_answered - self._confirmer.answered_handed()
+        return events, self._reader.held_lines()
 
     def _sent_everything(self) -> bool:
         """The sender finished, and no receiver went away after that (whose
@@ -6528,8 +6783,9 @@ class Shipper:
         elif multiline.sources is None:
             joiner = Joiner(joining_rule(multiline), multiline.max_lines, multiline.max_bytes,
                             self.counters)
-            self._reader = JoiningReader(self._stdin_fd, self._queue, joiner=joiner,
-                                         timeout=multiline.timeout, **reading)
+            joining = ConfirmingJoiningReader if config.confirm else JoiningReader
+            self._reader = joining(self._stdin_fd, self._queue, joiner=joiner,
+                                   timeout=multiline.timeout, **reading)
         else:
             joiner = SourceJoiner(joining_rule(multiline), multiline.max_lines,
                                   multiline.max_bytes, self.counters, keys=multiline.sources,
@@ -6611,8 +6867,11 @@ class Shipper:
         then give the sender until the --linger deadline to deliver what was
         read; then cancel and await every task."""
         if self.config.confirm and self._spool is None:
-            sender = Confirmer(self._sender, self._replies, self._confirm_patience,
-                               self.counters).run()
+            self._confirmer = Confirmer(self._sender, self._replies, self._confirm_patience,
+                                        self.counters, self._queue)
+            if isinstance(self._reader, ConfirmingJoiningReader):
+                self._reader.admits = self._confirmer.admits
+            sender = self._confirmer.run()
         else:
             sender = self._sender.run()
         if self.config.confirm and self._stdout_closed:
@@ -6696,6 +6955,12 @@ class Shipper:
                             f"went away were not handed to ZeroMQ again within --linger "
                             f"{self.config.linger:g}s: lost")
         lost = counters.events_unspooled + self._memory_only_unhanded()
+        answered_events, answered_lines = self._answered_lost
+        if answered_events or answered_lines:
+            held = f" and {answered_lines} lines held" if answered_lines else ""
+            problems.append(f"{answered_events} messages{held} whose lines were answered \"OK\" "
+                            "to rsyslog (--multiline) were not handed to ZeroMQ within "
+                            f"--linger {self.config.linger:g}s: lost")
         confirmed_only = self.config.confirm and spool is None
         if not confirmed_only and not_handed > lost:
             problems.append(f"{not_handed - lost} messages were not "

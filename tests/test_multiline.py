@@ -1,8 +1,8 @@
 """Multi-line events (--multiline, --multiline-pattern): the traces the real
 runtimes print (python3, java, ruby, go; recorded Go samples where go is
 missing) arrive as one event each, among ordinary lines that stay as they are;
-caps, timeout, signals, --batch, --event-id, --spool and --confirm.  Real
-processes and sockets on 127.0.0.1."""
+caps, timeout, signals, --batch, --event-id and --spool (--confirm:
+test_multiline_confirm.py).  Real processes and sockets on 127.0.0.1."""
 import os
 import shutil
 import signal
@@ -367,15 +367,6 @@ def test_blank_lines_held_after_a_go_panic_count_against_the_caps(receiver):
         assert messages[0].startswith("panic: x")
     finally:
         stop_process(proc)
-
-
-@pytest.mark.parametrize("more", [[], ["--spool", "spool"]], ids=["memory", "spool"])
-def test_confirm_is_refused(more):
-    """rsyslog sends the next line only after the reply: a line would be answered
-    while its event is pending, and lost if zmqpush were killed then."""
-    proc = run(["--multiline", "python", "--confirm", *more], b"")
-    assert proc.returncode == 2
-    assert b"--multiline with --confirm: not yet" in proc.stderr
 
 
 @pytest.mark.parametrize("args, says", [
