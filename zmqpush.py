@@ -704,8 +704,8 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
     """The --multiline* options checked, or None when neither --multiline nor
     --multiline-pattern is given.  UsageError for options that need those,
     for both at once, a cap over --max-line-bytes, --multiline-source without
-    --json or --journal, and --confirm with those (see README "Multi-line
-    events").  sources is None for lines joined as they come, else the keys of
+    --json or --journal, and --confirm with those (README "Multi-line events").
+    sources is None for lines joined as they come, else the keys of
     --multiline-source or their default."""
     if not opt["multiline"] and opt["multiline_pattern"] is None:
         for name in ("multiline_negate", "multiline_match", "multiline_max_lines",
