@@ -2904,9 +2904,10 @@ class SourceJoiner:
 
 
 def _source_value(value):
-    """A key's value as part of a source: scalars as they are, objects and
-    arrays as their repr (hashable)."""
-    return value if value is None or type(value) in (str, int, float, bool) else repr(value)
+    """A key's value as part of a source: a string as it is, any other value
+    as its type and repr, so that values Python holds equal (1, 1.0, true;
+    0.0, -0.0) stay sources apart, and objects and arrays are hashable."""
+    return value if type(value) is str else (type(value).__name__, repr(value))
 
 
 class Parcel(NamedTuple):

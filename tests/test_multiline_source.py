@@ -255,6 +255,19 @@ def by_source(events: list) -> dict:
     return out
 
 
+def test_values_python_holds_equal_are_sources_apart(receiver):
+    """pid 1, true and 1.0 (and 0.0, -0.0) are equal to Python, not to the sender."""
+    pids = ["1", "true", "1.0", "0.0", "-0.0"]
+    trace = ["Traceback (most recent call last):", '  File "x.py", line 1, in f',
+             "ValueError: {}"]
+    data = b"".join(
+        b'{"pid":%s,"message":%s}\n' % (pid.encode(), json.dumps(line.format(pid)).encode())
+        for line in trace for pid in pids)
+    ship(receiver, data, "--json", "--multiline", "python", "--multiline-source", "pid")
+    messages = sorted(receiver.messages())
+    assert messages == sorted("\n".join(trace).format(pid) for pid in pids)
+
+
 def test_max_lines_cuts_each_source_apart(receiver):
     lines = numbered_traces(["a", "b"], 7)
     proc = ship(receiver, b"\n".join(lines) + b"\n", "--json", "--multiline-pattern", r"^\s",
