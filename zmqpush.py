@@ -125,9 +125,10 @@ MULTILINE_MATCH_BYTES = 256
 # many sources may be pending at once; past either, the oldest pending event
 # leaves.  MEMORY_PER_HELD_BYTE: a held line's bytes, its message as text and as
 # the rule's bytes (measured with tracemalloc: at most 3.1, for messages of emoji;
-# 1 to 3 for ASCII).  At the defaults the 3 MiB this takes keep --memory-bytes.
+# 1 to 3 for ASCII).  At the defaults the 1 MiB this takes and --json's parsed
+# objects fit --memory-bytes with a smaller queue, the replay window kept whole.
 JOURNAL_SOURCE_KEYS = ("_HOSTNAME", "_SYSTEMD_UNIT", "_PID")
-MULTILINE_SOURCE_BYTES = 768 << 10
+MULTILINE_SOURCE_BYTES = 256 << 10
 MULTILINE_SOURCES = 256
 MULTILINE_LINE_OVERHEAD = 256
 MEMORY_PER_HELD_BYTE = 4
@@ -135,9 +136,9 @@ MEMORY_PER_HELD_BYTE = 4
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
 # --json and --journal: Python's objects of a parsed line take up to this many bytes
-# per byte of it (1 MiB of "[{},{},...]" measured 25 MiB); a run of lines is parsed
-# at a time (JSON_RUN_BYTES), a longer line alone.
-MEMORY_PER_PARSED_BYTE = 28
+# per byte of it (measured: "[{},{},...]" 25, "[[{}]],..." 36, runs of 95 nested
+# arrays 48); a run of lines is parsed at a time (JSON_RUN_BYTES), a longer line alone.
+MEMORY_PER_PARSED_BYTE = 52
 
 # Counters go to systemd (STATUS=) and to --metrics-file at most this often, and only
 # while they change or lines wait for a connected receiver (README "Running as a service");
@@ -1037,9 +1038,11 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
                          "or --batch-bytes, or raise --memory-bytes "
                          '(README "Flow control and memory")')
     asked = " ".join(f"--{name.replace('_', '-')} {opt[name]}" for name in
-                     ("max_line_bytes", "batch_bytes", "queue_bytes", "replay_bytes",
-                      "memory_bytes") if opt[name] is not None)
-    if asked:  # else these are the defaults of a mode that needs more (--json --multiline)
+                     ("max_line_bytes", "batch_bytes", "queue_bytes", "replay_bytes")
+                     if opt[name] is not None)
+    if opt["memory_bytes"] is not None and not asked:
+        asked = "the other defaults"
+    if asked:  # else these are the defaults of a mode that needs more (--json)
         warn(f"to fit --memory-bytes {limit} with {asked}: "
              f"{' and '.join(lowered)}, lowered from the defaults "
              '(README "Flow control and memory")')
