@@ -2747,6 +2747,7 @@ class SourceJoiner:
                  keys: tuple, message_key: str | None = None, journal: bool = False,
                  clock=time.monotonic):
         self._joiner = functools.partial(Joiner, rule, max_lines, max_bytes, counters)
+        self._counters = counters
         self._scan = PatternRule.scan if getattr(rule, "scans_one_stream", False) else rule.scan
         self._keys = keys
         self._journal = journal
@@ -2883,8 +2884,11 @@ class SourceJoiner:
                     out.append(Joined([text], [cut]))
                     continue
                 joined = self._joined_line(group)
-                if joined is None:
+                if joined is None:  # leaves line by line: not counted as joined
                     out += [raw + b"\n" for raw, _ in group]
+                    if len(group) > 1:
+                        self._counters.events_joined -= 1
+                        self._counters.lines_joined -= len(group)
                 else:
                     out.append(Joined([joined], [cut]))
 

@@ -268,6 +268,17 @@ def test_values_python_holds_equal_are_sources_apart(receiver):
     assert messages == sorted("\n".join(trace).format(pid) for pid in pids)
 
 
+def test_an_event_that_leaves_line_by_line_is_not_counted_as_joined(receiver):
+    """A lone surrogate in a message: the first object cannot be written again,
+    so its lines leave one by one, and the counters say nothing was joined."""
+    data = b"".join(b'{"pid":1,"message":%s}\n' % line for line in (
+        b'"Traceback (most recent call last):"', b'"  File \\"\\ud800\\", line 9"',
+        b'"ValueError: x"'))
+    proc = ship(receiver, data, "--json", "--multiline", "python", "--multiline-source", "pid")
+    assert len(receiver.messages()) == 3
+    assert b"Joined 0 lines into 0 multi-line events" in proc.stderr, proc.stderr
+
+
 def test_max_lines_cuts_each_source_apart(receiver):
     lines = numbered_traces(["a", "b"], 7)
     proc = ship(receiver, b"\n".join(lines) + b"\n", "--json", "--multiline-pattern", r"^\s",
