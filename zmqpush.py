@@ -5899,7 +5899,7 @@ class Confirmer:
             elif type(parcel) is Admission:
                 await self._admit(parcel)
             elif parcel.replayed:
-                self._spill_replay(parcel)
+                self._spill_whole(parcel, replayed=True)
             else:
                 await self._send_confirmed(parcel)
 
@@ -5944,12 +5944,13 @@ class Confirmer:
         sender.spill([message], [nevents], 0)
         return await self._flushed_within(patience)
 
-    def _spill_replay(self, parcel: Parcel):
-        """Write a replayed Parcel into the transport at once, without waiting
-        (rsyslog's lines must get replies meanwhile).  aiozmq sends it as
+    def _spill_whole(self, parcel: Parcel, replayed: bool = False):
+        """Write a Parcel (replayed, or of lines answered already) into the
+        transport at once, without waiting (rsyslog's lines must get replies
+        meanwhile), and keep it in the replay window.  aiozmq sends it as
         ZeroMQ takes it; until then new lines wait the timeout and are
         refused, as after any timeout, so memory stays bounded."""
-        self._sender.spill(parcel.messages, parcel.events, 0, replayed=True, whole=True)
+        self._sender.spill(parcel.messages, parcel.events, 0, replayed=replayed, whole=True)
         self._sender.settle()
         self._sender.window.add(parcel)
 
@@ -5976,19 +5977,16 @@ class Confirmer:
 
     async def _write_answered(self, item: Answered):
         """Write item's events (their lines were answered, or are answered now)
-        into the transport whole, never refused, as _spill_replay does, and keep
-        them in the replay window; then answer item's lines: "OK", or refused
-        (lines the reader did not take)."""
-        sender, parcel = self._sender, item.parcel
+        into the transport whole, never refused (see _spill_whole); then
+        answer item's lines: "OK", or refused (lines the reader did not take)."""
+        parcel = item.parcel
         if parcel is not None:
-            mark = sender.written_bytes()
+            mark = self._sender.written_bytes()
             for message, events in zip(parcel.messages, parcel.events):
                 mark += len(message)
                 self._answered.append((mark, events))
             self._answered_taken += sum(parcel.events)
-            sender.spill(parcel.messages, parcel.events, 0, whole=True)
-            sender.settle()
-            sender.window.add(parcel)
+            self._spill_whole(parcel)
             self.answered_handed()
         if item.answers:
             await self._replies.reply(True, item.answers)
