@@ -93,6 +93,9 @@ REPLAY_BATCH_ZMQ_BYTES = 1 << 20
 # The window is emptied after two checks this far apart, while the sender is
 # idle, both finding no backpressure and empty kernel send queues.
 REPLAY_QUIET = 0.5
+# A receiver gone away: what was handed this soon after is replayed again (see
+# Shipper._replay_aftermath).
+REPLAY_AFTERMATH = 0.05
 # Default mode: ZeroMQ's queue holds about this much, checked at tracked
 # messages (checkpoints) this far apart (see ZeroMQHeld).
 PIPE_BYTES = 4 << 20
@@ -5656,6 +5659,7 @@ class Sender:
             lambda: len(config.connect) + (counters.connected if config.bind else 0))
         self._current: Parcel | None = None
         self._handed = 0  # messages of _current handed to ZeroMQ so far
+        self._passed = 0  # of _current handed to ZeroMQ or written into the transport
         # (bytes written to the transport so far, events in that message, replayed)
         self._in_transport: collections.deque = collections.deque()
         self._written_bytes = 0
@@ -5701,7 +5705,7 @@ class Sender:
         every message.  Otherwise False, and send() goes on from what was
         handed.  (The common case at any rate, done without a coroutine.)"""
         held = self._held
-        self._current = parcel
+        self._current, self._passed = parcel, 0
         if held is not None and held.due(parcel.nbytes):
             self._handed = 0
             return False
@@ -5733,7 +5737,7 @@ class Sender:
             self._handed = sent
             if sent < len(messages):
                 self.window.pressed()
-                spilled = self.spill(messages, events, sent, parcel.replayed)
+                spilled = self._passed = self.spill(messages, events, sent, parcel.replayed)
                 await self.flush()
                 self._handed = spilled
                 if self._queue.rewinds != rewinds and parcel.end:
@@ -5766,8 +5770,9 @@ class Sender:
         return sum(current.events[self._handed:])
 
     def handed_part(self) -> Parcel | None:
-        """What was handed to ZeroMQ of the Parcel being sent, if anything."""
-        current, handed = self._current, self._handed
+        """What was handed to ZeroMQ of the Parcel being sent, or written into
+        the transport (which may have handed it meanwhile), if anything."""
+        current, handed = self._current, max(self._handed, self._passed)
         if current is None or not handed:
             return None
         return current._replace(messages=current.messages[:handed],
@@ -5846,14 +5851,17 @@ class Sender:
         """Bytes written into the transport so far that left it for ZeroMQ."""
         return self._written_bytes - self._transport.get_write_buffer_size()
 
-    def hear_io_thread(self):
+    def hear_io_thread(self) -> bool:
         """Let ZeroMQ take in what its I/O thread told it (that messages left its
-        queue): a send does that at most about once a millisecond, reading a
-        socket's EVENTS at once.  With a queue of one message (--confirm) a send
-        right after another is refused until then."""
+        queue, or that a connection's queue is dropped): a send does that at
+        most about once a millisecond, reading a socket's EVENTS at once.  With
+        a queue of one message (--confirm) a send right after another is
+        refused until then.  Returns whether a socket would take a message now."""
         import zmq
+        writable = False
         for sock in self._fanout.sockets() if self._fanout is not None else [self._sock]:
-            sock.getsockopt(zmq.EVENTS)
+            writable |= bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
+        return writable
 
 
 class Confirmer:
@@ -5909,39 +5917,42 @@ class Confirmer:
 
         A message that timed out stays in the transport (so it may still go out,
         and its retry by rsyslog make a duplicate); while it is there, new
-        messages are refused without being kept, so memory stays bounded.
-        Accepted messages are kept in the replay window."""
-        sender, line_ok = self._sender, True
+        messages are refused without being kept, so memory stays bounded."""
+        line_ok = True
         for message, nevents, ends in zip(parcel.messages, parcel.events, parcel.ends_line):
-            accepted = line_ok and await self._hand_over(message, nevents)
-            if accepted:
-                sender.window.add(parcel_of([message], [nevents], [ends]))
-            line_ok = line_ok and accepted
+            line_ok = line_ok and await self._hand_over(message, nevents, ends)
             if ends:
                 if not line_ok:
                     self._counters.events_refused += 1
                 await self._replies.reply(line_ok)
                 line_ok = True
 
-    async def _hand_over(self, message: bytes, nevents: int) -> bool:
+    async def _hand_over(self, message: bytes, nevents: int, ends: bool) -> bool:
         """Hand message to ZeroMQ: True once it is accepted within patience();
-        False when it is not (then it is not kept)."""
+        False when it is not.  It is kept in the replay window as soon as
+        ZeroMQ or the transport has it, before anything else runs: a receiver
+        may go away the moment after the transport hands it over, before
+        this coroutine resumes."""
         sender = self._sender
         patience = self._patience()
         if sender.buffered_bytes() and not patience:
             return False
         if not await self._flushed_within(patience):
             return False
+        kept = parcel_of([message], [nevents], [ends])
         if sender.send_now([message], [nevents], 0):
+            sender.window.add(kept)
             return True
         sender.hear_io_thread()
         if sender.send_now([message], [nevents], 0):
+            sender.window.add(kept)
             return True
         sender.window.pressed()
         patience = self._patience()
         if not patience:
             return False
         sender.spill([message], [nevents], 0)
+        sender.window.add(kept)
         return await self._flushed_within(patience)
 
     def _spill_whole(self, parcel: Parcel, replayed: bool = False):
@@ -6690,6 +6701,7 @@ class Shipper:
         self._queue: ByteQueue | None = None
         self._reporter: Reporter | None = None
         self._waiting: asyncio.TimerHandle | None = None
+        self._aftermath: asyncio.TimerHandle | None = None  # see _replay_aftermath
         self._replies: Replies | None = None
         self._confirmer: Confirmer | None = None
         self._answered_lost = (0, 0)  # see _answered_unhanded
@@ -6734,6 +6746,8 @@ class Shipper:
             await self._ship()
         finally:
             self._waiting.cancel()
+            if self._aftermath is not None:
+                self._aftermath.cancel()
             if self._replies is not None:
                 self._replies.close()
             self._reader.close()
@@ -6842,9 +6856,32 @@ class Shipper:
             self._publisher.wake()
 
     def _on_receiver_lost(self, endpoint: str):
-        """Replay what may have been in flight to the receiver that went away."""
+        """Replay what may have been in flight to the receiver that went away.
+
+        ZeroMQ's I/O thread reports a disconnect just before it drops the
+        connection's queue, and the socket learns of the drop only when it
+        next reads its commands (a send does so at most once a millisecond):
+        until then a message handed goes into a queue that is dropped, after
+        the replay.  So the sockets read their commands first; if one would
+        still take a message then (the drop is not known yet, or another
+        receiver takes it), what was handed meanwhile is replayed again
+        REPLAY_AFTERMATH later."""
         if self._sender is None:
             return
+        open_queue = self._sender.hear_io_thread()
+        self._replay(endpoint)
+        if open_queue and self._aftermath is None:
+            self._aftermath = asyncio.get_running_loop().call_later(
+                REPLAY_AFTERMATH, self._replay_aftermath, endpoint)
+
+    def _replay_aftermath(self, endpoint: str):
+        """The second replay of _on_receiver_lost."""
+        self._aftermath = None
+        self._sender.hear_io_thread()
+        self._replay(endpoint)
+
+    def _replay(self, endpoint: str):
+        """Put the replay window back in the queue (see ReplayWindow.replay)."""
         events = self._sender.window.replay(self._sender.handed_part())
         if self._spool is None:
             self.counters.events_requeued += events
