@@ -93,9 +93,10 @@ REPLAY_BATCH_ZMQ_BYTES = 1 << 20
 # The window is emptied after two checks this far apart, while the sender is
 # idle, both finding no backpressure and empty kernel send queues.
 REPLAY_QUIET = 0.5
-# A receiver gone away: what was handed this soon after is replayed again (see
-# Shipper._replay_aftermath).
-REPLAY_AFTERMATH = 0.05
+# A receiver gone away: the replay waits until its socket no longer takes
+# messages, looking this often, at most this long (see Shipper._on_receiver_lost).
+REPLAY_LOOK = 0.001
+REPLAY_WAIT_MOST = 0.05
 # Default mode: ZeroMQ's queue holds about this much, checked at tracked
 # messages (checkpoints) this far apart (see ZeroMQHeld).
 PIPE_BYTES = 4 << 20
@@ -4816,8 +4817,9 @@ class Connections:
     socket, watched by the loop (no timer: with no receiver it never wakes).
 
     Counts receivers connected now and disconnects in counters; calls
-    on_event(what, endpoint) for each event worth saying, and on_lost(endpoint)
-    when a receiver that had completed its handshake goes away; knows the TCP
+    on_event(what, endpoint) for each event worth saying, and on_lost(endpoint,
+    takes_messages) when a receiver that had completed its handshake goes
+    away (see Shipper._on_receiver_lost); knows the TCP
     descriptor of each connection (CONNECTED and ACCEPTED carry it) to tell
     what the kernel has not had acknowledged.  (aiozmq's own monitor misses
     events over inproc with this loop and can block at close.)  Only the events
@@ -4875,6 +4877,10 @@ class Connections:
             value = int.from_bytes(head[2:6], sys.byteorder, signed=True)
             self._on_monitor_event(event, value, endpoint.decode(errors="replace"))
 
+    def takes_messages(self) -> bool:
+        """Whether the socket, having read its commands, would take a message now."""
+        return bool(self._sock.getsockopt(self._zmq.EVENTS) & self._zmq.POLLOUT)
+
     def peers(self) -> int:
         """How many receivers are connected now (handshake done)."""
         return sum(self._up.values())
@@ -4909,7 +4915,7 @@ class Connections:
             self._counters.connected -= 1
             self._counters.disconnects += 1
             self._on_event("disconnected", endpoint)
-            self._on_lost(endpoint)
+            self._on_lost(endpoint, self.takes_messages)
         elif event & HANDSHAKE_FAILED_EVENTS:
             self._failing = True  # libzmq says DISCONNECTED next, for the same connection
             if self._on_failed_handshake is not None:
@@ -4974,7 +4980,7 @@ class PushSocket:
 
     async def open(self, counters: Counters, on_event, on_lost):
         """Open the sockets, watch their connections (calling on_event(what,
-        endpoint) and on_lost(endpoint), see Connections) and use their
+        endpoint) and on_lost(endpoint, takes_messages), see Connections) and use their
         endpoints.  OSError from ZeroMQ on a bad or unusable endpoint (nothing
         stays open)."""
         def watch(part: Config):
@@ -5851,17 +5857,15 @@ class Sender:
         """Bytes written into the transport so far that left it for ZeroMQ."""
         return self._written_bytes - self._transport.get_write_buffer_size()
 
-    def hear_io_thread(self) -> bool:
+    def hear_io_thread(self):
         """Let ZeroMQ take in what its I/O thread told it (that messages left its
         queue, or that a connection's queue is dropped): a send does that at
         most about once a millisecond, reading a socket's EVENTS at once.  With
         a queue of one message (--confirm) a send right after another is
-        refused until then.  Returns whether a socket would take a message now."""
+        refused until then."""
         import zmq
-        writable = False
         for sock in self._fanout.sockets() if self._fanout is not None else [self._sock]:
-            writable |= bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
-        return writable
+            sock.getsockopt(zmq.EVENTS)
 
 
 class Confirmer:
@@ -6701,7 +6705,7 @@ class Shipper:
         self._queue: ByteQueue | None = None
         self._reporter: Reporter | None = None
         self._waiting: asyncio.TimerHandle | None = None
-        self._aftermath: asyncio.TimerHandle | None = None  # see _replay_aftermath
+        self._replays_waiting: dict = {}  # endpoint -> TimerHandle (see _on_receiver_lost)
         self._replies: Replies | None = None
         self._confirmer: Confirmer | None = None
         self._answered_lost = (0, 0)  # see _answered_unhanded
@@ -6746,8 +6750,7 @@ class Shipper:
             await self._ship()
         finally:
             self._waiting.cancel()
-            if self._aftermath is not None:
-                self._aftermath.cancel()
+            self._replay_waiting_now()
             if self._replies is not None:
                 self._replies.close()
             self._reader.close()
@@ -6855,30 +6858,36 @@ class Shipper:
         if self._publisher is not None:
             self._publisher.wake()
 
-    def _on_receiver_lost(self, endpoint: str):
-        """Replay what may have been in flight to the receiver that went away.
-
-        ZeroMQ's I/O thread reports a disconnect just before it drops the
-        connection's queue, and the socket learns of the drop only when it
-        next reads its commands (a send does so at most once a millisecond):
-        until then a message handed goes into a queue that is dropped, after
-        the replay.  So the sockets read their commands first; if one would
-        still take a message then (the drop is not known yet, or another
-        receiver takes it), what was handed meanwhile is replayed again
-        REPLAY_AFTERMATH later."""
+    def _on_receiver_lost(self, endpoint: str, takes_messages):
+        """Replay what may have been in flight to the receiver that went away,
+        once its socket no longer takes messages (takes_messages(), which
+        makes the socket read its commands, says False), looking REPLAY_LOOK
+        apart, at most REPLAY_WAIT_MOST (a --bind socket with other receivers
+        goes on taking them).  ZeroMQ's I/O thread reports a disconnect just
+        before it drops the connection's queue, and the socket learns of the
+        drop only when it next reads its commands: a message handed before
+        that goes into a queue that is dropped, and must be in the replay."""
         if self._sender is None:
             return
-        open_queue = self._sender.hear_io_thread()
-        self._replay(endpoint)
-        if open_queue and self._aftermath is None:
-            self._aftermath = asyncio.get_running_loop().call_later(
-                REPLAY_AFTERMATH, self._replay_aftermath, endpoint)
+        deadline = asyncio.get_running_loop().time() + REPLAY_WAIT_MOST
+        self._replay_once_dropped(endpoint, takes_messages, deadline)
 
-    def _replay_aftermath(self, endpoint: str):
-        """The second replay of _on_receiver_lost."""
-        self._aftermath = None
-        self._sender.hear_io_thread()
-        self._replay(endpoint)
+    def _replay_once_dropped(self, endpoint: str, takes_messages, deadline: float):
+        loop = asyncio.get_running_loop()
+        self._replays_waiting.pop(endpoint, None)
+        if takes_messages() and loop.time() < deadline:
+            self._replays_waiting[endpoint] = loop.call_later(
+                REPLAY_LOOK, self._replay_once_dropped, endpoint, takes_messages, deadline)
+        else:
+            self._replay(endpoint)
+
+    def _replay_waiting_now(self):
+        """The run ends: replays still waiting are done now (what they put
+        back is counted, and said to be lost if nothing sends it)."""
+        for endpoint, timer in list(self._replays_waiting.items()):
+            timer.cancel()
+            self._replay(endpoint)
+        self._replays_waiting.clear()
 
     def _replay(self, endpoint: str):
         """Put the replay window back in the queue (see ReplayWindow.replay)."""

@@ -239,6 +239,33 @@ def test_confirm_mode_loses_no_line_answered_ok_over_many_receiver_restarts():
         stop_process(proc)
 
 
+def test_one_of_two_receivers_lost_replays_the_window_once():
+    """Two -c receivers, one stopped for good: the window goes to the other one
+    once (each line at most twice), not again after REPLAY_AFTERMATH because the
+    other socket still takes messages."""
+    kept, lost = Receiver(free_port()), Receiver(free_port())
+    proc = start(["-c", lost.endpoint, "-c", kept.endpoint])
+    try:
+        time.sleep(0.5)  # both connected
+        proc.stdin.write(b"".join(b"line %d\n" % i for i in range(1000)))
+        proc.stdin.flush()
+        assert lost.wait_for(1000, 10) == 1000  # the first takes them while it can
+        time.sleep(0.2)
+        lost.stop()
+        time.sleep(1.0)  # the replay, and REPLAY_AFTERMATH
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+        kept.settle(0.5)
+        copies = collections.Counter(json.loads(f)["message"] for f in kept.frames + lost.frames)
+        assert len(copies) == 1000 and max(copies.values()) == 2, collections.Counter(
+            copies.values())
+        assert b"Replayed 1000 messages after 1 receiver disconnects" in proc.stderr.read()
+    finally:
+        kept.stop()
+        lost.stop()
+        stop_process(proc)
+
+
 def test_event_ids_are_a_run_id_and_a_sequence_in_metadata(receiver):
     proc = start(["-c", receiver.endpoint, "--event-id"])
     proc.stdin.write(b"a\nb\n")
