@@ -5367,6 +5367,28 @@ class ReplayWindow:
         self._worked = False  # the sender took a Parcel since the last check
         self._pressed = False  # ZeroMQ refused a message since the last check
         self._calm_checks = 0
+        self._replays_due = 0  # replays announced, not yet done (see replay_due)
+        self._no_replay_due: asyncio.Future | None = None
+
+    def replay_due(self):
+        """A receiver went away: replay() comes soon (see Shipper._on_receiver_lost)."""
+        self._replays_due += 1
+
+    def replay_done(self):
+        """One replay announced by replay_due() was done."""
+        self._replays_due -= 1
+        if not self._replays_due and self._no_replay_due is not None:
+            self._no_replay_due.set_result(None)
+            self._no_replay_due = None
+
+    async def replays_awaited(self) -> bool:
+        """Wait until no replay is due (see replay_due); True if one was."""
+        if not self._replays_due:
+            return False
+        if self._no_replay_due is None:
+            self._no_replay_due = self._loop.create_future()
+        await asyncio.shield(self._no_replay_due)
+        return True
 
     def add(self, parcel: Parcel):
         """Keep parcel, just handed to ZeroMQ, dropping the oldest past the limit."""
@@ -5672,7 +5694,8 @@ class Sender:
 
     async def run(self) -> int:
         """Send Parcels until END, then until the queue (replays) and the
-        transport buffer are empty.  Returns the queue's rewinds by then."""
+        transport buffer are empty and no replay is due.  Returns the queue's
+        rewinds by then."""
         while True:
             parcel = await self.next_parcel()
             if parcel is END:
@@ -5680,14 +5703,20 @@ class Sender:
             if not self.send_at_once(parcel):
                 await self.send(parcel)
         while True:
+            await self._send_what_is_queued()
+            await self.flush()
+            if not await self.window.replays_awaited():
+                return self._queue.rewinds
+
+    async def _send_what_is_queued(self):
+        """Send the Parcels in the queue now, without waiting for more."""
+        while True:
             try:
                 parcel = self._queue.get_nowait()
             except asyncio.QueueEmpty:
-                break
+                return
             if not self.send_at_once(parcel):
                 await self.send(parcel)
-        await self.flush()
-        return self._queue.rewinds
 
     async def next_parcel(self):
         """The next Parcel (or END) from the queue; while it waits on an empty
@@ -5898,13 +5927,17 @@ class Confirmer:
         self._answered: collections.deque = collections.deque()
 
     async def run(self):
-        """Say "OK", then send and answer line by line until END."""
+        """Say "OK", then send and answer line by line until END, then until
+        the queue (replays) is empty and no replay is due."""
         await self._replies.reply(True)
-        sender = self._sender
+        sender, ended = self._sender, False
         while True:
-            parcel = await sender.next_parcel()
+            parcel = self._queued_or_end() if ended else await sender.next_parcel()
             if parcel is END:
                 await sender.flush()
+                ended = True
+                if await sender.window.replays_awaited():
+                    continue
                 return
             if type(parcel) is Answered:
                 await self._write_answered(parcel)
@@ -5914,6 +5947,13 @@ class Confirmer:
                 self._spill_whole(parcel, replayed=True)
             else:
                 await self._send_confirmed(parcel)
+
+    def _queued_or_end(self):
+        """After END: what is in the queue (replays), or END once it is empty."""
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return END
 
     async def _send_confirmed(self, parcel: Parcel):
         """Hand over each message, waiting at most the timeout for ZeroMQ to
@@ -6705,7 +6745,7 @@ class Shipper:
         self._queue: ByteQueue | None = None
         self._reporter: Reporter | None = None
         self._waiting: asyncio.TimerHandle | None = None
-        self._replays_waiting: dict = {}  # endpoint -> TimerHandle (see _on_receiver_lost)
+        self._replays_waiting: list = []  # [endpoint, TimerHandle] (see _on_receiver_lost)
         self._replies: Replies | None = None
         self._confirmer: Confirmer | None = None
         self._answered_lost = (0, 0)  # see _answered_unhanded
@@ -6870,23 +6910,31 @@ class Shipper:
         if self._sender is None:
             return
         deadline = asyncio.get_running_loop().time() + REPLAY_WAIT_MOST
-        self._replay_once_dropped(endpoint, takes_messages, deadline)
+        self._sender.window.replay_due()
+        self._replay_once_dropped([endpoint, None], takes_messages, deadline)
 
-    def _replay_once_dropped(self, endpoint: str, takes_messages, deadline: float):
+    def _replay_once_dropped(self, waiting: list, takes_messages, deadline: float):
+        """Replay for waiting ([endpoint, timer]) now if the socket takes no
+        more messages or the deadline passed, else look again REPLAY_LOOK later."""
         loop = asyncio.get_running_loop()
-        self._replays_waiting.pop(endpoint, None)
         if takes_messages() and loop.time() < deadline:
-            self._replays_waiting[endpoint] = loop.call_later(
-                REPLAY_LOOK, self._replay_once_dropped, endpoint, takes_messages, deadline)
-        else:
-            self._replay(endpoint)
+            if waiting[1] is None:
+                self._replays_waiting.append(waiting)
+            waiting[1] = loop.call_later(REPLAY_LOOK, self._replay_once_dropped,
+                                         waiting, takes_messages, deadline)
+            return
+        if waiting[1] is not None:
+            self._replays_waiting.remove(waiting)
+        self._replay(waiting[0])
+        self._sender.window.replay_done()
 
     def _replay_waiting_now(self):
         """The run ends: replays still waiting are done now (what they put
         back is counted, and said to be lost if nothing sends it)."""
-        for endpoint, timer in list(self._replays_waiting.items()):
+        for endpoint, timer in self._replays_waiting:
             timer.cancel()
             self._replay(endpoint)
+            self._sender.window.replay_done()
         self._replays_waiting.clear()
 
     def _replay(self, endpoint: str):

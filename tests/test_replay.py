@@ -191,10 +191,12 @@ def wait_until(condition, timeout: float):
         time.sleep(0.001)
 
 
-def speak_confirm(proc: subprocess.Popen, lines: list, accepted: list, deadline: float):
+def speak_confirm(proc: subprocess.Popen, lines: list, accepted: list, deadline: float,
+                  close: bool = True):
     """rsyslog omprog's side of --confirm: each line is written after the reply
     to the one before; a refused line is sent again 10 ms later, as rsyslog
-    does with action.resumeRetryCount -1.  accepted gets each line answered OK."""
+    does with action.resumeRetryCount -1.  accepted gets each line answered OK;
+    stdin is closed at the end if close."""
     assert proc.stdout.readline() == b"OK\n"
     for line in lines:
         while time.monotonic() < deadline:
@@ -204,7 +206,8 @@ def speak_confirm(proc: subprocess.Popen, lines: list, accepted: list, deadline:
                 accepted.append(line)
                 break
             time.sleep(0.01)
-    proc.stdin.close()
+    if close:
+        proc.stdin.close()
 
 
 def test_confirm_mode_loses_no_line_answered_ok_over_many_receiver_restarts():
@@ -263,6 +266,43 @@ def test_one_of_two_receivers_lost_replays_the_window_once():
     finally:
         kept.stop()
         lost.stop()
+        stop_process(proc)
+
+
+@pytest.mark.parametrize("confirm", [False, True], ids=["plain", "confirm"])
+def test_input_ending_while_replays_wait_sends_them_first(confirm):
+    """--bind with three connecting receivers: two go away 5 ms apart and input
+    ends 10 ms later, while their replays wait (the socket still takes messages,
+    for the third): the replays go to the third before the run ends; exit 0."""
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    proc = start(["--bind", endpoint, *(["--confirm"] if confirm else [])])
+    peers = []
+    try:
+        time.sleep(0.3)
+        peers = [Receiver(port, connect=endpoint) for _ in range(3)]
+        time.sleep(0.3)  # all three connected
+        lines = [f"line {i}" for i in range(600)]
+        if confirm:
+            speak_confirm(proc, lines, [], time.monotonic() + 30, close=False)
+        else:
+            proc.stdin.write("".join(line + "\n" for line in lines).encode())
+            proc.stdin.flush()
+        wait_until(lambda: sum(len(peer.frames) for peer in peers) >= len(lines), 10)
+        peers[0].stop()
+        time.sleep(0.005)
+        peers[1].stop()
+        time.sleep(0.01)
+        proc.stdin.close()
+        code, stderr = proc.wait(30), proc.stderr.read().decode()
+        peers[2].settle(0.5)
+        copies = collections.Counter(json.loads(frame)["message"]
+                                     for peer in peers for frame in peer.frames)
+        assert code == 0 and "Exception" not in stderr, stderr
+        assert set(copies) == set(lines) and "lost" not in stderr, stderr
+    finally:
+        for peer in peers:
+            peer.stop()
         stop_process(proc)
 
 
