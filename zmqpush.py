@@ -5688,6 +5688,7 @@ class Sender:
         self._current: Parcel | None = None
         self._handed = 0  # messages of _current handed to ZeroMQ so far
         self._passed = 0  # of _current handed to ZeroMQ or written into the transport
+        self._replayed_to = 0  # of _current put back by replays (see take_handed_part)
         # (bytes written to the transport so far, events in that message, replayed)
         self._in_transport: collections.deque = collections.deque()
         self._written_bytes = 0
@@ -5740,7 +5741,7 @@ class Sender:
         every message.  Otherwise False, and send() goes on from what was
         handed.  (The common case at any rate, done without a coroutine.)"""
         held = self._held
-        self._current, self._passed = parcel, 0
+        self._current, self._passed, self._replayed_to = parcel, 0, 0
         if held is not None and held.due(parcel.nbytes):
             self._handed = 0
             return False
@@ -5804,15 +5805,18 @@ class Sender:
             return 0
         return sum(current.events[self._handed:])
 
-    def handed_part(self) -> Parcel | None:
+    def take_handed_part(self) -> Parcel | None:
         """What was handed to ZeroMQ of the Parcel being sent, or written into
-        the transport (which may have handed it meanwhile), if anything."""
-        current, handed = self._current, max(self._handed, self._passed)
-        if current is None or not handed:
+        the transport (which may have handed it meanwhile), and not taken by
+        a replay before, if anything (a replay puts it back once)."""
+        current, start = self._current, self._replayed_to
+        end = max(self._handed, self._passed)
+        if current is None or end <= start:
             return None
-        return current._replace(messages=current.messages[:handed],
-                                events=current.events[:handed],
-                                ends_line=current.ends_line[:handed])
+        self._replayed_to = end
+        return current._replace(messages=current.messages[start:end],
+                                events=current.events[start:end],
+                                ends_line=current.ends_line[start:end])
 
     def send_now(self, messages: list, events: list, first: int,
                  replayed: bool = False, tracked: int = 0) -> int:
@@ -6939,7 +6943,7 @@ class Shipper:
 
     def _replay(self, endpoint: str):
         """Put the replay window back in the queue (see ReplayWindow.replay)."""
-        events = self._sender.window.replay(self._sender.handed_part())
+        events = self._sender.window.replay(self._sender.take_handed_part())
         if self._spool is None:
             self.counters.events_requeued += events
         if events:
