@@ -5892,10 +5892,9 @@ class Sender:
 
     def hear_io_thread(self):
         """Let ZeroMQ take in what its I/O thread told it (that messages left its
-        queue, or that a connection's queue is dropped): a send does that at
-        most about once a millisecond, reading a socket's EVENTS at once.  With
-        a queue of one message (--confirm) a send right after another is
-        refused until then."""
+        queue): a send does that at most about once a millisecond, reading a
+        socket's EVENTS at once.  With a queue of one message (--confirm) a send
+        right after another is refused until then."""
         import zmq
         for sock in self._fanout.sockets() if self._fanout is not None else [self._sock]:
             sock.getsockopt(zmq.EVENTS)
@@ -5987,20 +5986,19 @@ class Confirmer:
             return False
         if not await self._flushed_within(patience):
             return False
-        kept = parcel_of([message], [nevents], [ends])
-        if sender.send_now([message], [nevents], 0):
-            sender.window.add(kept)
-            return True
-        sender.hear_io_thread()
-        if sender.send_now([message], [nevents], 0):
-            sender.window.add(kept)
+        handed = sender.send_now([message], [nevents], 0)
+        if not handed:
+            sender.hear_io_thread()
+            handed = sender.send_now([message], [nevents], 0)
+        if handed:
+            sender.window.add(parcel_of([message], [nevents], [ends]))
             return True
         sender.window.pressed()
         patience = self._patience()
         if not patience:
             return False
         sender.spill([message], [nevents], 0)
-        sender.window.add(kept)
+        sender.window.add(parcel_of([message], [nevents], [ends]))
         return await self._flushed_within(patience)
 
     def _spill_whole(self, parcel: Parcel, replayed: bool = False):
