@@ -171,6 +171,16 @@ def env_with(extra) -> dict:
     return env
 
 
+def wait_until(condition, timeout: float, step: float = 0.05) -> bool:
+    """Whether condition() holds, looked at every step seconds for at most timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(step)
+    return condition()
+
+
 def stop_process(proc: subprocess.Popen):
     """End a process this test started, by its PID, if it still runs."""
     if proc.poll() is None:

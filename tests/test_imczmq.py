@@ -11,7 +11,7 @@ import time
 import pytest
 from rsyslog import ImczmqRsyslog, imczmq_available
 
-from conftest import free_port, start, stop_process
+from conftest import free_port, start, stop_process, wait_until
 
 LOGTYPE = "c-receiver"
 # rsyslog cuts a message at maxMessageSize (8k by default; seen here: a 100 kB
@@ -51,15 +51,6 @@ def hostile_lines(count: int) -> list:
     lines = [kinds[i % len(kinds)] + b" #%d" % i for i in range(count)]
     lines[count // 2] = (b"long line caf\xc3\xa9 " * LONG_LINE_BYTES)[:LONG_LINE_BYTES]
     return lines
-
-
-def wait_until(condition, timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(step)
-    return condition()
 
 
 def settled(receiver: ImczmqRsyslog, quiet: float = 1.0, timeout: float = 60.0) -> list:

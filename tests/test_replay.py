@@ -14,7 +14,7 @@ import pytest
 from rsyslog import PrivateRsyslog, available
 from test_rsyslog import binary, confirm_rules
 
-from conftest import ROOT, Receiver, free_port, start, stop_process
+from conftest import ROOT, Receiver, free_port, start, stop_process, wait_until
 
 sys.path.insert(0, str(ROOT / "bench"))
 from restart import RECEIVER, Outage, numbered_lines
@@ -185,12 +185,6 @@ def test_confirm_mode_under_rsyslogd_with_receiver_restarted_mid_flow(tmp_path):
         receiver.stop()
 
 
-def wait_until(condition, timeout: float):
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.001)
-
-
 def speak_confirm(proc: subprocess.Popen, lines: list, accepted: list, deadline: float,
                   close: bool = True):
     """rsyslog omprog's side of --confirm: each line is written after the reply
@@ -226,7 +220,7 @@ def test_confirm_mode_loses_no_line_answered_ok_over_many_receiver_restarts():
     try:
         speaker.start()
         for restart in range(20):
-            wait_until(lambda wanted=(restart + 1) * 500: len(accepted) >= wanted, 20)
+            wait_until(lambda wanted=(restart + 1) * 500: len(accepted) >= wanted, 20, 0.001)
             receiver.stop()
             got.update(json.loads(frame)["message"] for frame in receiver.frames)
             time.sleep(0.05 * (restart % 3))
@@ -290,11 +284,11 @@ def test_input_ending_while_a_replay_waits_sends_it_first(confirm):
         else:
             proc.stdin.write("".join(line + "\n" for line in lines).encode())
             proc.stdin.flush()
-        wait_until(lambda: sum(len(peer.frames) for peer in peers) >= len(lines), 10)
+        wait_until(lambda: sum(len(peer.frames) for peer in peers) >= len(lines), 10, 0.001)
         listener = threading.Thread(target=lambda: said.extend(proc.stderr), daemon=True)
         listener.start()
         peers[0].stop()
-        wait_until(lambda: any(b"receiver disconnected" in line for line in said), 10)
+        wait_until(lambda: any(b"receiver disconnected" in line for line in said), 10, 0.001)
         proc.stdin.close()
         code = proc.wait(30)
         listener.join(10)

@@ -18,10 +18,20 @@ import pytest
 import zmq
 import zmq.auth
 from rsyslog import ImczmqRsyslog, imczmq_available
-from test_imczmq import LOGTYPE, expected_json, hostile_lines, wait_until
+from test_imczmq import LOGTYPE, expected_json, hostile_lines
 from test_shipping import main_thread_wakeups
 
-from conftest import Receiver, cli, env_with, free_port, run, start, stop_process, vm_peak_rss_kib
+from conftest import (
+    Receiver,
+    cli,
+    env_with,
+    free_port,
+    run,
+    start,
+    stop_process,
+    vm_peak_rss_kib,
+    wait_until,
+)
 
 SECRET_MARK = b"password=hunter2"
 
