@@ -10,7 +10,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -22,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rsyslog import PrivateRsyslog, available
 from test_rsyslog import binary, omprog, wait_children
 from test_shipping import main_thread_wakeups
+from test_structured import BOOT_ID, FIRST_MICROS, JOURNAL_REMOTE, export_entry
 
 from conftest import ROOT, ZMQPUSH, Receiver, free_port, start, stop_process
 
@@ -485,26 +485,36 @@ def ini_block(path: Path, after: str) -> str:
 UNIT_JOURNAL = ini_block(ROOT / "README.md", "## Running as a service")
 UNIT_PIPELINE = ini_block(ROOT / "bench" / "README.md", "### Running as a service, in full")
 
-# A stand-in for `journalctl -o json -f --cursor-file=FILE`, named journalctl (so
-# pkill -x finds it): writes its pid beside FILE and some entries, then waits;
-# SIGTERM makes it write FILE and exit, as journalctl does.
-FAKE_JOURNALCTL = f"""#!{sys.executable}
-import json, os, signal, sys
-cursor = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--cursor-file=")][0]
-with open(os.path.join(os.path.dirname(cursor), "journalctl.pid"), "w") as f:
-    f.write(str(os.getpid()))
-count = int(os.environ["FAKE_JOURNAL_ENTRIES"])
-for n in range(count):
-    sys.stdout.write(json.dumps({{"MESSAGE": "entry %d" % n, "__CURSOR": "c%d" % n}}) + "\\n")
-sys.stdout.flush()
-def stop(signum, frame):
-    with open(cursor, "w") as f:
-        f.write("c%d" % (count - 1))
-    sys.exit(0)
-signal.signal(signal.SIGTERM, stop)
-while True:
-    signal.pause()
+# journalctl as the units run it, reading a real journal file (no systemd as PID 1
+# here): a script named journalctl (so pkill -x finds it) first on PATH writes its
+# pid into the state directory and execs the machine's journalctl with --file.
+JOURNALCTL = shutil.which("journalctl") or "/usr/bin/journalctl"
+JOURNALCTL_ON_FILE = """#!/bin/sh
+echo $$ > "$UNIT_STATE/journalctl.pid"
+exec {journalctl} --file="$UNIT_JOURNAL_FILE" "$@"
 """
+UNIT_JOURNAL_ENTRIES = 8  # journalctl -f with no cursor starts at the last 10
+
+
+def unit_journal_file(path: Path) -> str:
+    """A real journal file of UNIT_JOURNAL_ENTRIES entries "entry N" of one program."""
+    data = b"".join(export_entry([
+        (b"__REALTIME_TIMESTAMP", b"%d" % (FIRST_MICROS + n * 1000)),
+        (b"__MONOTONIC_TIMESTAMP", b"%d" % (1000 + n)), (b"_BOOT_ID", BOOT_ID.encode()),
+        (b"MESSAGE", b"entry %d" % n), (b"PRIORITY", b"5"),
+        (b"SYSLOG_IDENTIFIER", b"app"), (b"_PID", b"42")])
+        for n in range(UNIT_JOURNAL_ENTRIES))
+    subprocess.run([JOURNAL_REMOTE, "-o", str(path), "-"], input=data, check=True,
+                   capture_output=True, timeout=30)
+    return str(path)
+
+
+def journalctl_writes_cursor_when_stopped() -> bool:
+    """journalctl -f writes its --cursor-file at SIGTERM only from systemd 254 on
+    (systemd#26746, fixed by #27519); Debian 12 has 252."""
+    version = subprocess.run([JOURNALCTL, "--version"], capture_output=True, text=True,
+                             check=True).stdout.split()[1]
+    return int(version.split(".")[0].split("~")[0]) >= 254
 
 
 def unit_command(unit: str, key: str, places: dict) -> list:
@@ -519,18 +529,26 @@ def unit_command(unit: str, key: str, places: dict) -> list:
 
 @pytest.fixture
 def unit_places(tmp_path, receiver):
-    """The test's stand-ins for the units' paths, a fake journalctl first on PATH."""
+    """The test's stand-ins for the units' paths, journalctl on a real journal file
+    first on PATH (the environment its wrapper needs under UNIT_*)."""
     bin_dir, state, textfile = tmp_path / "bin", tmp_path / "state", tmp_path / "textfile"
     for directory in (bin_dir, state, textfile):
         directory.mkdir()
-    fake = bin_dir / "journalctl"
-    fake.write_text(FAKE_JOURNALCTL)
-    fake.chmod(0o755)
+    wrapper = bin_dir / "journalctl"
+    wrapper.write_text(JOURNALCTL_ON_FILE.format(journalctl=JOURNALCTL))
+    wrapper.chmod(0o755)
     return {"/usr/local/bin/zmqpush.py": ZMQPUSH,
             "tcp://logstash.example:2120": receiver.endpoint,
             "/var/lib/zmqpush": str(state),
             "/var/lib/prometheus/node-exporter": str(textfile),
-            "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "UNIT_STATE": str(state),
+            "UNIT_JOURNAL_FILE": unit_journal_file(tmp_path / "system.journal")}
+
+
+def unit_environment(places: dict) -> dict:
+    """What the units' journalctl wrapper needs, and PATH that finds it."""
+    return {key: places[key] for key in ("PATH", "UNIT_STATE", "UNIT_JOURNAL_FILE")}
 
 
 def start_as_systemd(argv: list, environment: dict) -> subprocess.Popen:
@@ -565,11 +583,13 @@ def test_unit_files_pass_systemd_analyze_verify(unit, tmp_path):
 
 def test_journal_unit_runs_zmqpush_as_its_main_process_and_stops_without_loss(
         receiver, notify, unit_places, tmp_path):
-    """zmqpush is the main process (NotifyAccess=main is enough, WATCHDOG_PID is
-    its own); ExecStop ends journalctl first, which writes its cursor, and
-    zmqpush delivers all it read, removes its metrics file and exits 0."""
+    """The unit's journalctl on a real journal file: zmqpush ships structured events
+    (--journal) as the main process (NotifyAccess=main is enough, WATCHDOG_PID is its
+    own); ExecStop ends journalctl first (which writes its cursor from systemd 254 on),
+    and zmqpush delivers all it read, removes its metrics file and exits 0."""
+    count = UNIT_JOURNAL_ENTRIES
     environment = {"NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": "400000",
-                   "FAKE_JOURNAL_ENTRIES": "50", "PATH": unit_places["PATH"]}
+                   **unit_environment(unit_places)}
     main = start_as_systemd(unit_command(UNIT_JOURNAL, "ExecStart", unit_places),
                             environment)
     stop = None
@@ -577,12 +597,12 @@ def test_journal_unit_runs_zmqpush_as_its_main_process_and_stops_without_loss(
         ready = notify.wait_for(lambda text: text.startswith("READY=1\n"))
         assert ready, notify.texts()
         assert (ready, main.pid) in notify.senders
-        assert receiver.wait_for(50, 10) == 50
+        assert receiver.wait_for(count, 10) == count
         assert notify.wait_for(lambda text: text == "WATCHDOG=1", 2)
         assert all(pid == main.pid for _, pid in notify.senders)
         metrics = tmp_path / "textfile" / "zmqpush-journal.prom"
-        assert metric_value(read_metrics(metrics, predicate=sent(50)),
-                            "zmqpush_events_sent_total") == 50
+        assert metric_value(read_metrics(metrics, predicate=sent(count)),
+                            "zmqpush_events_sent_total") == count
         stop = subprocess.Popen(unit_command(UNIT_JOURNAL, "ExecStop", unit_places),
                                 env={**os.environ, "MAINPID": str(main.pid)})
         assert main.wait(20) == 0, main.stderr.read()
@@ -591,8 +611,16 @@ def test_journal_unit_runs_zmqpush_as_its_main_process_and_stops_without_loss(
         stop_unit(main)
         if stop is not None:
             stop_process(stop)
-    assert receiver.messages()[0] == '{"MESSAGE": "entry 0", "__CURSOR": "c0"}'
-    assert (tmp_path / "state" / "journal.cursor").read_text() == "c49"
+    events = receiver.events()
+    assert [e["message"] for e in events] == [f"entry {n}" for n in range(count)]
+    assert {(e["type"], e["program"], e["pid"], e["severity"]) for e in events} == {
+        ("journal", "app", 42, 5)}
+    last_cursor = events[-1]["@metadata"]["_id"]
+    cursor = tmp_path / "state" / "journal.cursor"
+    if journalctl_writes_cursor_when_stopped():
+        assert cursor.read_text() == last_cursor
+    else:  # as README "Structured logs" says of systemd 252
+        assert not cursor.exists()
     assert not metrics.exists()
     assert notify.wait_for(lambda text: text.startswith("STOPPING=1\n"), 2)
 
@@ -608,9 +636,10 @@ def test_pipeline_unit_needs_notify_access_all_and_its_pids_unset(
         "unset SYSTEMD_EXEC_PID WATCHDOG_PID; ", "")
     main = start_as_systemd(unit_command(unit, "ExecStart", unit_places),
                             {"NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": "400000",
-                             "FAKE_JOURNAL_ENTRIES": "5", "PATH": unit_places["PATH"]})
+                             **unit_environment(unit_places)})
     try:
-        assert receiver.wait_for(5, 10) == 5
+        assert receiver.wait_for(UNIT_JOURNAL_ENTRIES, 10) == UNIT_JOURNAL_ENTRIES
+        assert receiver.messages()[0] == "entry 0"
         time.sleep(1.0)
         senders = {pid for _, pid in notify.senders}
         if unset:
