@@ -3,7 +3,8 @@
 
 Binds (or connects) a PULL socket, decodes every frame as JSON the way the
 Logstash json codec does (an array is one event per element), prints each
-event's "message" (or nothing with --quiet), and at the end prints one line:
+event's "message" (with --raw every frame as it came: whole events, a --batch
+array as one line; nothing with --quiet), and at the end prints one line:
 "received N events (M invalid) in S s".  Ends after --count events, after
 --idle seconds without any, or on SIGINT/SIGTERM.
 """
@@ -70,6 +71,8 @@ def main() -> int:
     p.add_argument("--count", type=int, default=0, help="stop after N events")
     p.add_argument("--idle", type=float, default=0, help="stop after S seconds with none")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
+    p.add_argument("--raw", action="store_true",
+                   help="print every frame as it came (whole events), not the messages")
     p.add_argument("--curve-server", metavar="SECRET_CERT",
                    help="be a CURVE server with this key pair (admits any client key)")
     args = p.parse_args()
@@ -96,10 +99,14 @@ def main() -> int:
                 break
             continue
         started = started or time.monotonic()
-        events, bad = events_of_frames(drain(sock))
+        frames = drain(sock)
+        events, bad = events_of_frames(frames)
         received += len(events)
         invalid += bad
-        if not args.quiet:
+        if args.raw and not args.quiet:
+            out.flush()
+            out.buffer.write(b"".join(frame + b"\n" for frame in frames))
+        elif not args.quiet:
             for event in events:
                 out.write(json.dumps(event.get("message"), ensure_ascii=False) + "\n")
     took = time.monotonic() - started if started else 0.0

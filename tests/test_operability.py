@@ -5,10 +5,13 @@ import pty
 import select
 import signal
 import socket
+import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 
 from conftest import (
+    SINK,
     Receiver,
     closing_count,
     free_port,
@@ -353,3 +356,23 @@ def test_help_groups_the_options_by_concern():
         section = text[starts[heading]:ends[ends.index(starts[heading]) + 1]]
         for option in options:
             assert f"  {option} " in section or f", {option} " in section, (heading, option)
+
+
+def test_sink_raw_prints_every_frame_as_it_came():
+    """bench/sink.py --raw shows exactly what was sent: whole events with zmqpush's
+    keys, a --batch array as one line; its summary still counts events."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sink = subprocess.Popen([sys.executable, SINK, "--bind", endpoint, "--raw",
+                             "--count", "3", "--idle", "10"], stdout=subprocess.PIPE)
+    try:
+        result = run(["--batch", "-c", endpoint, "--field", "env=prod", "app"],
+                     b"one\ntwo\tx\nthree\n")
+        assert result.returncode == 0, result.stderr
+        out, _ = sink.communicate(timeout=20)
+    finally:
+        stop_process(sink)
+    *frames, summary = out.decode().splitlines()
+    (array,) = [json.loads(frame) for frame in frames]
+    assert [(e["message"], e["type"], e["env"]) for e in array] == [
+        ("one", "app", "prod"), ("two\tx", "app", "prod"), ("three", "app", "prod")]
+    assert summary.startswith("received 3 events (0 invalid)")
