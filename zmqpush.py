@@ -45,6 +45,7 @@ import sys
 import termios
 import threading
 import time
+import warnings
 from codecs import utf_8_decode as _utf8_decode
 from typing import NamedTuple
 
@@ -605,16 +606,79 @@ _source_keys.__name__ = "comma-separated list of keys"
 
 
 def _pattern(text: str) -> re.Pattern:
-    """--multiline-pattern: a Python regular expression, matched on bytes;
-    ValueError if it does not compile or nests repetitions (see nests_repetitions)."""
-    source = text.encode("utf-8", "surrogateescape")
-    try:
-        pattern = re.compile(source)
-    except re.error:
-        raise ValueError(text) from None
+    """--multiline-pattern: a Python regular expression, matched on bytes, with
+    POSIX bracket classes read as Filebeat's Go regexp reads them ([[:space:]]);
+    ValueError if it does not compile or nests repetitions (see nests_repetitions),
+    ArgumentTypeError saying what to write where Python would warn of its meaning."""
+    source = posix_classes(text.encode("utf-8", "surrogateescape"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            pattern = re.compile(source)
+        except re.error:
+            raise ValueError(text) from None
+    if said:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: {said[0].message} (Python may read it otherwise one day: "
+            "escape a [ or an operator inside [...] with a backslash)")
     if nests_repetitions(source):
         raise ValueError(text)
     return pattern
+
+
+# The POSIX classes of Go's regexp (and so Filebeat's patterns), as ranges that
+# mean the same inside a Python bracket expression.
+POSIX_CLASSES = {
+    b"alnum": rb"0-9A-Za-z", b"alpha": rb"A-Za-z", b"ascii": rb"\x00-\x7f",
+    b"blank": rb"\t ", b"cntrl": rb"\x00-\x1f\x7f", b"digit": rb"0-9", b"graph": rb"!-~",
+    b"lower": rb"a-z", b"print": rb" -~", b"punct": rb"!-/:-@\[-`{-~",
+    b"space": rb"\t\n\v\f\r ", b"upper": rb"A-Z", b"word": rb"0-9A-Za-z_",
+    b"xdigit": rb"0-9A-Fa-f"}
+POSIX_CLASS_RE = re.compile(rb"\[:(\^?)([a-z]+):\]")
+
+
+def posix_classes(source: bytes) -> bytes:
+    """source with each [:name:] inside a bracket expression replaced by its ranges
+    (Python's re would read it as a set of characters) and any other [ there
+    escaped (a character to Go, a warning to Python); ArgumentTypeError for a name
+    Go does not know or a negated class ([:^digit:]), which Python's brackets
+    cannot hold."""
+    out, pos, bracket = [], 0, False
+    while pos < len(source):
+        char = source[pos:pos + 1]
+        if char == b"\\":
+            out.append(source[pos:pos + 2])
+            pos += 2
+            continue
+        if bracket and char == b"[":
+            found = POSIX_CLASS_RE.match(source, pos)
+            out.append(posix_class(*found.groups()) if found else b"\\[")
+            pos = found.end() if found else pos + 1
+            continue
+        if not bracket and char == b"[":
+            start = pos + 1 + (source[pos + 1:pos + 2] == b"^")
+            start += source[start:start + 1] == b"]"  # a leading ] is a character
+            out.append(source[pos:start])
+            pos, bracket = start, True
+            continue
+        bracket = bracket and char != b"]"
+        out.append(char)
+        pos += 1
+    return b"".join(out)
+
+
+def posix_class(negated: bytes, name: bytes) -> bytes:
+    """The ranges of POSIX class name inside a bracket, or ArgumentTypeError."""
+    text = name.decode()
+    if negated:
+        raise argparse.ArgumentTypeError(
+            f"[:^{text}:] (a negated class) has no Python form inside [...]: "
+            f"write [^...] with the class's characters")
+    if name not in POSIX_CLASSES:
+        raise argparse.ArgumentTypeError(
+            f"[:{text}:] is not a POSIX class (" + ", ".join(
+                n.decode() for n in POSIX_CLASSES) + ")")
+    return POSIX_CLASSES[name]
 
 
 _pattern.__name__ = ("Python regular expression without a repetition or an "

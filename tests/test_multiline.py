@@ -292,6 +292,27 @@ def test_pattern_follows_filebeat_s_negate_and_match(receiver, args, expected):
     assert receiver.messages() == expected
 
 
+FILEBEAT_JAVA = r"^[[:space:]]+(at|\.{3})[[:space:]]+\b|^Caused by:"
+
+
+def test_filebeat_s_java_pattern_reads_posix_classes_as_go_does(tmp_path):
+    """Filebeat's documented Java pattern: [[:space:]] is Go's whitespace class (to
+    Python's re alone it is a set of the characters :space and a warning on stderr)."""
+    data, _ = interleaved(java_traces(tmp_path))
+    events = {}
+    for name, pattern in (("posix", FILEBEAT_JAVA),
+                          ("python", FILEBEAT_JAVA.replace("[[:space:]]", r"[\t\n\v\f\r ]"))):
+        receiver = Receiver(free_port())
+        try:
+            proc = ship(receiver, data, "--multiline-pattern", pattern)
+            events[name] = receiver.messages()
+        finally:
+            receiver.stop()
+        assert proc.stderr.startswith(b"Processed ")  # -q: no Python warning before it
+    assert events["posix"] == events["python"]
+    assert any(m.count("\n\tat ") > 2 for m in events["posix"])
+
+
 def test_a_pattern_that_always_matches_makes_events_of_max_lines(receiver):
     data = b"".join(b"line %d\n" % n for n in range(1100))
     ship(receiver, data, "--multiline-pattern", "", "--multiline-max-lines", "500")
@@ -378,8 +399,12 @@ def test_blank_lines_held_after_a_go_panic_count_against_the_caps(receiver):
     (["--multiline-pattern", r"(a|aa)+$"], "without a repetition or an alternation"),
     (["--multiline-pattern", r"(a{1,9}){1,99}$"], "without a repetition or an alternation"),
     (["--multiline", "python", "--multiline-max-bytes", "70000"], "over --max-line-bytes"),
+    (["--multiline-pattern", "[[:^digit:]]"], "[:^digit:] (a negated class) has no Python"),
+    (["--multiline-pattern", "[[:digits:]]"], "[:digits:] is not a POSIX class (alnum,"),
+    (["--multiline-pattern", "^[a&&b]"], "Possible set intersection at position 3"),
 ], ids=["negate-alone", "both", "unknown-preset", "bad-pattern", "nested-repetition",
-        "repeated-alternation", "nested-bounded-repetition", "over-line-bytes"])
+        "repeated-alternation", "nested-bounded-repetition", "over-line-bytes",
+        "negated-posix-class", "unknown-posix-class", "python-would-warn"])
 def test_bad_multiline_options_are_usage_errors(args, says):
     proc = run(args, b"")
     assert proc.returncode == 2
