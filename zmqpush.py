@@ -4917,21 +4917,23 @@ class Connections:
             | zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | HANDSHAKE_FAILED_EVENTS)
         self._fd = self._monitor.getsockopt(zmq.FD)
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._fd, self._read_events)
-        self._loop.call_soon(self._read_events)
+        self._loop.add_reader(self._fd, self.read_events)
+        self._loop.call_soon(self.read_events)
 
-    def close(self):
-        """Handle what is left, then stop the monitor (before the socket closes)."""
+    def close(self, hear_left: bool = True):
+        """Handle what is left if hear_left, then stop the monitor (before the
+        socket closes)."""
         if self._monitor is None:
             return
         self._loop.remove_reader(self._fd)
-        self._read_events()
+        if hear_left:
+            self.read_events()
         if not self._sock.closed:
             self._sock.disable_monitor()
         self._monitor.close(linger=0)
         self._monitor = None
 
-    def _read_events(self):
+    def read_events(self):
         """Handle every monitor event ready now (ZeroMQ's FD signals edges only)."""
         zmq = self._zmq
         while self._monitor is not None and \
@@ -5083,10 +5085,16 @@ class PushSocket:
         """Bytes the kernel holds unacknowledged on the TCP connections now."""
         return sum(connections.unsent_bytes() for connections, _ in self._watchers)
 
-    def stop_watching(self):
-        """Stop the connection monitors and the gatekeepers (before the sockets close)."""
+    def hear(self):
+        """Handle the connection events ready now (see Connections.read_events)."""
+        for connections, _ in self._watchers:
+            connections.read_events()
+
+    def stop_watching(self, hear_left: bool = True):
+        """Stop the connection monitors and the gatekeepers (before the sockets
+        close), first handling the events left if hear_left."""
         for connections, gatekeeper in self._watchers:
-            connections.close()
+            connections.close(hear_left)
             gatekeeper.close()
 
     async def close(self, linger: float, buffered: bool, handed_any: bool) -> bool:
@@ -5419,7 +5427,7 @@ class ReplayWindow:
     a busy sender arms and cancels nothing per Parcel; a backlogged receiver
     costs two wake-ups a second, an idle one none."""
 
-    def __init__(self, limit: int, queue: ByteQueue, unsent_bytes):
+    def __init__(self, limit: int, queue: ByteQueue, unsent_bytes, stop_hearing):
         self.limit = limit
         self.nbytes = 0
         self._parcels: collections.deque = collections.deque()
@@ -5431,12 +5439,15 @@ class ReplayWindow:
         self._worked = False  # the sender took a Parcel since the last check
         self._pressed = False  # ZeroMQ refused a message since the last check
         self._calm_checks = 0
+        self._stop_hearing = stop_hearing  # see replays_awaited
         self._replays_due = 0  # replays announced, not yet done (see replay_due)
+        self._replays_announced = 0
         self._no_replay_due: asyncio.Future | None = None
 
     def replay_due(self):
         """A receiver went away: replay() comes soon (see Shipper._on_receiver_lost)."""
         self._replays_due += 1
+        self._replays_announced += 1
 
     def replay_done(self):
         """One replay announced by replay_due() was done."""
@@ -5446,12 +5457,22 @@ class ReplayWindow:
             self._no_replay_due = None
 
     async def replays_awaited(self) -> bool:
-        """Wait until no replay is due (see replay_due); True if one was."""
+        """Input ended and the sender sent everything: wait until no replay is
+        due (see replay_due); True if one was, and the sender sends what it
+        put back, then asks again.  With none due, stop_hearing() is called
+        first: it takes in the receivers lost so far, whose replays become
+        due, or if there were none stops hearing them.  So False comes only
+        once no replay can become due any more: a receiver heard going away
+        always has its replay sent, within --linger."""
         if not self._replays_due:
-            return False
-        if self._no_replay_due is None:
-            self._no_replay_due = self._loop.create_future()
-        await asyncio.shield(self._no_replay_due)
+            announced = self._replays_announced
+            self._stop_hearing()
+            if self._replays_announced == announced:
+                return False
+        if self._replays_due:
+            if self._no_replay_due is None:
+                self._no_replay_due = self._loop.create_future()
+            await asyncio.shield(self._no_replay_due)
         return True
 
     def add(self, parcel: Parcel):
@@ -5531,9 +5552,9 @@ class SpoolWindow(ReplayWindow):
     window's size.  When a receiver goes away, the position goes back to
     where the replay starts."""
 
-    def __init__(self, limit: int, queue: SpoolQueue, unsent_bytes, spool: Spool,
-                 sndhwm: int):
-        super().__init__(limit, queue, unsent_bytes)
+    def __init__(self, limit: int, queue: SpoolQueue, unsent_bytes, stop_hearing, *,
+                 spool: Spool, sndhwm: int):
+        super().__init__(limit, queue, unsent_bytes, stop_hearing)
         self._spool = spool
         self._handed_end = spool.safe
         self._messages_held = STOCK_RCVHWM + sndhwm
@@ -5759,8 +5780,8 @@ class Sender:
 
     async def run(self) -> int:
         """Send Parcels until END, then until the queue (replays) and the
-        transport buffer are empty and no replay is due.  Returns the queue's
-        rewinds by then."""
+        transport buffer are empty and no replay is due or can become due
+        (see ReplayWindow.replays_awaited).  Returns the queue's rewinds by then."""
         while True:
             parcel = await self.next_parcel()
             if parcel is END:
@@ -5995,7 +6016,8 @@ class Confirmer:
 
     async def run(self):
         """Say "OK", then send and answer line by line until END, then until
-        the queue (replays) is empty and no replay is due."""
+        the queue (replays) is empty and no replay is due or can become due
+        (see ReplayWindow.replays_awaited)."""
         await self._replies.reply(True)
         sender, ended = self._sender, False
         while True:
@@ -6802,6 +6824,7 @@ class Shipper:
         self._started = time.perf_counter()
         self._stop_signals = 0
         self._deadline = 0.0
+        self._lingered = 0.0  # seconds the sending went on after input ended
         self._cause: str | None = None
         self._failed: asyncio.Future | None = None
         self._tasks: list = []
@@ -6927,10 +6950,11 @@ class Shipper:
             # would be answered before anything holds it for good.
             self._queue.memory_only = not config.confirm
         if spool is None:
-            window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes)
+            window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
+                                  self._stop_hearing)
         else:
             window = SpoolWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
-                                 spool, config.sndhwm)
+                                 self._stop_hearing, spool=spool, sndhwm=config.sndhwm)
         self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
         self._publisher = service_publisher(config, self._reporter, self.counters,
@@ -6993,6 +7017,18 @@ class Shipper:
             self._replays_waiting.remove(waiting)
         self._replay(waiting[0])
         self._sender.window.replay_done()
+
+    def _stop_hearing(self):
+        """The sender has sent everything after input ended (see
+        ReplayWindow.replays_awaited): handle the connection events ready now,
+        and if no receiver went away among them stop the monitors at once,
+        hearing nothing more: a receiver heard going away once the sender has
+        ended would have a replay that nothing sends.  One that did go away
+        leaves them on: its replay is sent first, and the sender comes back."""
+        disconnects = self.counters.disconnects
+        self._socket.hear()
+        if self.counters.disconnects == disconnects:
+            self._socket.stop_watching(hear_left=False)
 
     def _replay_waiting_now(self):
         """The run ends: replays still waiting are done now (what they put
@@ -7058,6 +7094,7 @@ class Shipper:
         try:
             await self._linger()
         finally:
+            self._lingered = time.monotonic() - (self._deadline - self.config.linger)
             for task in [ended, *self._tasks]:
                 task.cancel()
             await asyncio.gather(ended, *self._tasks, return_exceptions=True)
@@ -7118,8 +7155,9 @@ class Shipper:
         unreplayed = counters.events_requeued - counters.events_replayed
         if unreplayed > 0:
             problems.append(f"{unreplayed} messages put back to be sent again after a receiver "
-                            f"went away were not handed to ZeroMQ again within --linger "
-                            f"{self.config.linger:g}s: lost")
+                            "went away were not handed to ZeroMQ again in the "
+                            f"{self._lingered:.1f}s waited after input ended (--linger "
+                            f"{self.config.linger:g}s): lost")
         lost = counters.events_unspooled + self._memory_only_unhanded()
         answered_events, answered_lines = self._answered_lost
         if answered_events or answered_lines:
