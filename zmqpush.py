@@ -4568,14 +4568,13 @@ def endpoint_error_code(exc: OSError) -> int:
     return EXIT_USAGE if exc.errno in _ENDPOINT_USAGE_ERRNOS else EXIT_ERROR
 
 
-async def open_stream(config: Config, on_socket=None):
-    """A connected (or bound) aiozmq PUSH stream.  on_socket(sock), if given, is
-    called before any endpoint is used (a monitor then misses no event) and
-    returns what must be closed before the socket.
+async def open_stream(config: Config, context, on_socket=None):
+    """A connected (or bound) aiozmq PUSH stream on a socket of context.
+    on_socket(sock), if given, is called before any endpoint is used (a monitor
+    then misses no event) and returns what must be closed before the socket.
     OSError from ZeroMQ on a bad or unusable endpoint; the socket is closed then."""
     import zmq
     aiozmq = import_aiozmq()
-    context = zmq.Context()
     sock = context.socket(zmq.PUSH)
     configure_socket(sock, config)
     watcher = on_socket(sock) if on_socket is not None else None
@@ -4588,9 +4587,8 @@ async def open_stream(config: Config, on_socket=None):
         if watcher is not None:
             watcher.close()
         sock.close(linger=0)
-        context.term()
         raise
-    return stream, context
+    return stream
 
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks (RFC 27)
@@ -4932,6 +4930,57 @@ def socket_parts(config: Config) -> list:
             + ([config._replace(connect=[])] if config.bind else []))
 
 
+# Descriptors and ZeroMQ sockets (README "Several receivers"), measured: what
+# zmqpush opens besides its PUSH sockets (stdin, the epolls, the loop's pipes,
+# ZeroMQ's I/O thread and reaper: 19), with room for a spool's files and
+# --metrics-listen; what each PUSH socket opens (its mailbox and the mailboxes
+# of its monitor's two PAIR sockets), and each connection or listener (its TCP
+# socket).  Peers arriving on --bind take one each: the soft limit is raised
+# to the hard one when it leaves fewer than BIND_PEERS_ROOM.
+DESCRIPTORS_BASE = 32
+DESCRIPTORS_PER_SOCKET = 3
+ZMQ_SOCKETS_PER_SOCKET = 3  # the PUSH socket and its monitor's PAIR sockets
+BIND_PEERS_ROOM = 256
+LIBZMQ_MAX_SOCKETS = 1023  # libzmq's default ZMQ_MAX_SOCKETS
+
+
+def descriptors_needed(config: Config) -> int:
+    """The open files config's sockets need, --bind peers not counted."""
+    return (DESCRIPTORS_BASE + DESCRIPTORS_PER_SOCKET * len(socket_parts(config))
+            + len(config.connect) + len(config.bind))
+
+
+def raise_descriptor_limit(config: Config) -> str | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit when it is short of what
+    config needs (with BIND_PEERS_ROOM for --bind peers), as Go's runtime and
+    systemd services do.  Returns why it cannot serve (the hard limit is below
+    the need), else None."""
+    import resource
+    need = descriptors_needed(config)
+    want = need + (BIND_PEERS_ROOM if config.bind else 0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    if soft == infinite or soft >= want:
+        return None
+    if hard != infinite and hard < need:
+        endpoints = len(config.connect) + len(config.bind)
+        return (f"{endpoints} endpoint{'s' if endpoints > 1 else ''} need {need} open "
+                f"files, over the limit of {soft} (hard limit {hard}): raise it "
+                f"(ulimit -n {need}; LimitNOFILE= for a service) or give fewer endpoints")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == infinite else hard, hard))
+    except (OSError, ValueError) as exc:
+        return f"cannot raise the open files limit {soft} to {hard} (ulimit -n): {exc}"
+    return None
+
+
+def max_sockets(config: Config) -> int:
+    """ZMQ_MAX_SOCKETS for the context of config's sockets: libzmq's default,
+    or what the PUSH sockets and their monitors need if more."""
+    return max(LIBZMQ_MAX_SOCKETS,
+               ZMQ_SOCKETS_PER_SOCKET * len(socket_parts(config)) + 1)
+
+
 def zmq_queue_bytes(batch: bool, replay: bool) -> int:
     """What ZeroMQ's queues may hold in all, in bytes, as --memory-bytes counts
     it: PIPE_BYTES in default mode; with --batch the arrays SNDHWM allows."""
@@ -4940,13 +4989,18 @@ def zmq_queue_bytes(batch: bool, replay: bool) -> int:
     return max(PIPE_BYTES, REPLAY_BATCH_ZMQ_BYTES if replay else BATCH_ZMQ_BYTES)
 
 
-def open_socket(config: Config, on_socket):
-    """A PUSH socket in a context of its own (so each may have its own ZAP
-    handler), configured, watched (on_socket as for open_stream) and using
-    config's endpoints: (socket, context, what on_socket returned).
+def own_context(config: Config) -> bool:
+    """Whether config's socket needs a ZeroMQ context of its own: a bound one
+    whose peers a ZAP handler checks (a context has one handler, RFC 27).  The
+    others share one context, and so one I/O thread and one reaper."""
+    return bool(config.bind) and config.security is not None and config.security.zap()
+
+
+def open_socket(config: Config, context, on_socket):
+    """A PUSH socket of context, configured, watched (on_socket as for
+    open_stream) and using config's endpoints: (socket, what on_socket returned).
     OSError on a bad or unusable endpoint; nothing stays open then."""
     import zmq
-    context = zmq.Context()
     sock = context.socket(zmq.PUSH)
     configure_socket(sock, config)
     watcher = on_socket(sock)
@@ -4958,9 +5012,8 @@ def open_socket(config: Config, on_socket):
     except zmq.ZMQError as exc:
         watcher.close()
         sock.close(linger=0)
-        context.term()
         raise OSError(exc.errno, exc.strerror) from exc
-    return sock, context, watcher
+    return sock, watcher
 
 
 class PushSocket:
@@ -4977,6 +5030,20 @@ class PushSocket:
         self._watchers: list = []  # (Connections, Gatekeeper) per socket
         self._sockets: list = []
         self._contexts: list = []
+        self._shared = None  # the context of the sockets without a ZAP handler
+
+    def _context_for(self, part: Config):
+        """The context part's socket goes in: a new one if it needs its own
+        (own_context), else the one the others share (made at the first)."""
+        import zmq
+        if own_context(part):
+            self._contexts.append(zmq.Context())
+            return self._contexts[-1]
+        if self._shared is None:
+            self._shared = zmq.Context()
+            self._shared.set(zmq.MAX_SOCKETS, max_sockets(self._config))
+            self._contexts.append(self._shared)
+        return self._shared
 
     async def open(self, counters: Counters, on_event, on_lost):
         """Open the sockets, watch their connections (calling on_event(what,
@@ -4992,20 +5059,20 @@ class PushSocket:
                 return Closing((connections, gatekeeper))
             return watcher
         parts = socket_parts(self._config)
-        if len(parts) == 1:
-            self.stream, context = await open_stream(self._config, on_socket=watch(self._config))
-            self._sockets = [self.stream.transport.get_extra_info("zmq_socket")]
-            self._contexts = [context]
-            return
         try:
+            if len(parts) == 1:
+                self.stream = await open_stream(self._config, self._context_for(parts[0]),
+                                                on_socket=watch(self._config))
+                self._sockets = [self.stream.transport.get_extra_info("zmq_socket")]
+                return
             for part in parts:
-                sock, context, _ = open_socket(part, watch(part))
+                sock, _ = open_socket(part, self._context_for(part), watch(part))
                 self._sockets.append(sock)
-                self._contexts.append(context)
         except OSError:
             self.stop_watching()
-            for sock, context in zip(self._sockets, self._contexts):
+            for sock in self._sockets:
                 sock.close(linger=0)
+            for context in self._contexts:
                 context.term()
             raise
         config = self._config
@@ -7254,6 +7321,10 @@ def main(argv=None) -> int:
     except ImportError as exc:  # certificates are read with pyzmq: a broken install
         warn(f"failed: {exc}")
         return EXIT_ERROR
+    short = raise_descriptor_limit(config)
+    if short is not None:
+        warn(short)
+        return EXIT_USAGE
     map_large_blocks(config)
     loop = new_event_loop()
     try:
