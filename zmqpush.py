@@ -136,6 +136,10 @@ MULTILINE_SOURCE_BYTES = 256 << 10
 MULTILINE_SOURCES = 256
 MULTILINE_LINE_OVERHEAD = 256
 MEMORY_PER_HELD_BYTE = 4
+# What each endpoint's socket beyond the first holds (measured: 256 receivers
+# at full speed, see bench/README.md "Many receivers"): libzmq's pipes (chunks
+# of 256 message slots), its monitor's sockets, the connection's buffers.
+MEMORY_PER_ENDPOINT = 80 << 10
 # What fit_memory lowers an unset --queue-bytes or --replay-bytes to, at most.
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
@@ -999,23 +1003,26 @@ def replay_default(opt: dict, spool_bytes: int) -> int:
 
 
 def memory_need(held: int, max_line_bytes: int, read_bytes: int,
-                parses: bool = False) -> int:
+                parses: bool = False, endpoints: int = 1) -> int:
     """The worst case, in bytes, of settings whose queue, window and ZeroMQ hold
-    `held` bytes: the base, plus per byte of the longest line piece and of one
-    read what escaping and encoding may take, and with parses (--json,
-    --journal) the objects of the largest run of lines parsed at once (README
-    "Flow control and memory")."""
+    `held` bytes: the base (with one endpoint), plus per byte of the longest
+    line piece and of one read what escaping and encoding may take, with
+    parses (--json, --journal) the objects of the largest run of lines parsed
+    at once, and what each further endpoint's socket holds
+    (README "Flow control and memory")."""
     parsed = MEMORY_PER_PARSED_BYTE * (max_line_bytes + JSON_RUN_BYTES) if parses else 0
     return (MEMORY_BASE + held + MEMORY_PER_LINE_BYTE * max_line_bytes
-            + MEMORY_PER_READ_BYTE * read_bytes + parsed)
+            + MEMORY_PER_READ_BYTE * read_bytes + parsed
+            + MEMORY_PER_ENDPOINT * (endpoints - 1))
 
 
 def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int,
                max_line_bytes: int, read_bytes: int, parses: bool = False,
                joining_bytes: int = 0) -> tuple:
     """(queue bytes, replay bytes) whose worst case fits --memory-bytes, with
-    parses as memory_need takes it and joining_bytes for what joining per
-    source holds (see SourceJoiner).
+    parses as memory_need takes it, joining_bytes for what joining per source
+    holds (see SourceJoiner) and a socket for each -c endpoint (one for all
+    --bind ones).
 
     Settings that fit come back as they are.  Otherwise what the user did not
     set (opt[...] is None) is lowered: first the queue, then the replay window,
@@ -1023,8 +1030,9 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
     line on stderr says so.  UsageError if even that does not fit: what the
     user asked for cannot be had within --memory-bytes."""
     limit = opt["memory_bytes"] or DEFAULT_MEMORY_BYTES
+    endpoints = max(1, len(opt["connect"] or []) + bool(opt["bind"]))
     excess = memory_need(queue_bytes + replay_bytes + zmq_bytes + joining_bytes,
-                         max_line_bytes, read_bytes, parses) - limit
+                         max_line_bytes, read_bytes, parses, endpoints) - limit
     if excess <= 0:
         return queue_bytes, replay_bytes
     fitted = {"queue_bytes": queue_bytes, "replay_bytes": replay_bytes}
@@ -1039,11 +1047,12 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
         need = (limit + excess) / (1 << 20)
         raise UsageError(f"these settings may need {need:.0f} MiB, over --memory-bytes "
                          f"{limit}: lower --queue-bytes, --replay-bytes, --max-line-bytes "
-                         "or --batch-bytes, or raise --memory-bytes "
+                         "or --batch-bytes, give fewer endpoints, or raise --memory-bytes "
                          '(README "Flow control and memory")')
-    asked = " ".join(f"--{name.replace('_', '-')} {opt[name]}" for name in
-                     ("max_line_bytes", "batch_bytes", "queue_bytes", "replay_bytes")
-                     if opt[name] is not None)
+    asked = " ".join([f"--{name.replace('_', '-')} {opt[name]}" for name in
+                      ("max_line_bytes", "batch_bytes", "queue_bytes", "replay_bytes")
+                      if opt[name] is not None]
+                     + ([f"{endpoints} endpoints"] if endpoints > 1 else []))
     if opt["memory_bytes"] is not None and not asked:
         asked = "the other defaults"
     if asked:  # else these are the defaults of a mode that needs more (--json)

@@ -52,11 +52,12 @@ def watch(pid: int, most: dict, stop: threading.Event):
         most["hwm"] = max(most["hwm"], hwm)
 
 
-def run(python: str, zmqpush: str, corpus: str, lines: int, receivers: int) -> dict:
-    """One run: lines/s (from start until zmqpush exits, all handed over), CPU-s
-    per 1M lines, peak RSS MiB, most threads and descriptors, events received."""
+def run(zmqpush: list, corpus: str, lines: int, receivers: int) -> dict:
+    """One run of the zmqpush argv: lines/s (from start until zmqpush exits,
+    all handed over), CPU-s per 1M lines, peak RSS MiB, most threads and
+    descriptors, events received."""
     counter, endpoints = start_counter(receivers, lines)
-    argv = [python, zmqpush, "-q"] + [arg for e in endpoints for arg in ("-c", e)]
+    argv = zmqpush + [arg for e in endpoints for arg in ("-c", e)]
     began = time.monotonic()
     with open(corpus, "rb") as source:
         cat = subprocess.Popen(["cat"], stdin=source, stdout=subprocess.PIPE)
@@ -87,20 +88,25 @@ def main():
     p.add_argument("--lines", type=int, default=300_000)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--python", default=sys.executable)
+    p.add_argument("--corpus", choices=("text", "json"), default="text")
+    p.add_argument("--options", default="", help="zmqpush's further options, e.g. --batch")
     args = p.parse_args()
     files = args.zmqpush or [str(HERE.parent / "zmqpush.py")]
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         corpus = os.path.join(tmp, "corpus")
-        write_corpus(corpus, args.lines)
+        write_corpus(corpus, args.lines, kind=args.corpus)
         for _ in range(args.runs):
             for receivers in args.receivers:
                 for path in files:
-                    got = run(args.python, path, corpus, args.lines, receivers)
+                    argv = [args.python, path, "-q", *args.options.split()]
+                    got = run(argv, corpus, args.lines, receivers)
                     results.setdefault((path, receivers), []).append(got)
     keys = ["lines/s", "CPU-s per 1M lines", "peak RSS MiB", "threads", "descriptors"]
-    print(f"{args.lines:,} lines of about 112 bytes, median of {args.runs} alternating "
-          "runs, one bench/ccount.c bound on every receiver's port, 2 CPUs\n")
+    kind = "JSON lines of about 186" if args.corpus == "json" else "lines of about 112"
+    print(f"{args.lines:,} {kind} bytes, zmqpush {args.options or 'at its defaults'}, median "
+          f"of {args.runs} alternating runs, one bench/ccount.c bound on every receiver's "
+          "port, 2 CPUs\n")
     print("| zmqpush | receivers | " + " | ".join(keys) + " | received |")
     print("|---|---:|" + "---:|" * len(keys) + "---:|")
     for (path, receivers), runs in results.items():

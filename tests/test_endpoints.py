@@ -60,7 +60,7 @@ def limited(soft: int, hard: int, *args) -> list:
 
 
 def test_more_endpoints_than_the_hard_limit_serves_exit_2_before_reading(tmp_path):
-    endpoints = [f"tcp://127.0.0.1:{20000 + n}" for n in range(40)]
+    endpoints = [f"tcp://127.0.0.1:{20000 + n}" for n in range(30)]
     data = tmp_path / "in"
     data.write_bytes(b"a line\n" * 100)
     with open(data, "rb") as stdin:
@@ -69,7 +69,7 @@ def test_more_endpoints_than_the_hard_limit_serves_exit_2_before_reading(tmp_pat
         position = os.lseek(stdin.fileno(), 0, os.SEEK_CUR)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("zmqpush: 40 endpoints need "), lines
+    assert len(lines) == 1 and lines[0].startswith("zmqpush: 30 endpoints need "), lines
     assert f"over the limit of {SHORT}" in lines[0] and "ulimit -n" in lines[0], lines
     assert position == 0  # nothing read
 
@@ -122,3 +122,17 @@ def test_many_receivers_take_a_handful_of_threads_and_stay_within_the_memory_bou
             proc.kill()
             proc.wait(10)
         pull.close()
+
+
+def test_each_endpoint_counts_in_the_memory_formula_and_lowers_what_was_not_set():
+    endpoints = [f"tcp://127.0.0.1:{20000 + n}" for n in range(256)]
+    done = subprocess.run(cli("-q", "--linger", "0", *connect_args(endpoints)), input=b"",
+                          capture_output=True, timeout=60, env=env_with({}))
+    assert done.returncode == 0, done.stderr
+    said = done.stderr.decode().splitlines()[0]
+    assert said.startswith("zmqpush: to fit --memory-bytes 67108864 with 256 endpoints: "
+                           "--queue-bytes 1048576 and --replay-bytes "), said
+    refused = subprocess.run(cli("--replay-bytes", str(16 << 20), *connect_args(endpoints)),
+                             input=b"", capture_output=True, timeout=60, env=env_with({}))
+    assert refused.returncode == 2
+    assert b"give fewer endpoints" in refused.stderr
