@@ -2141,6 +2141,7 @@ class Counters:
         self.events_joined = 0  # --multiline: events of several lines
         self.lines_joined = 0  # the lines in them
         self.events_cut = 0  # events cut at a --multiline cap
+        self.events_pushed_out = 0  # unfinished, past the per-source caps (SourceJoiner)
         self.events_answered = 0  # --confirm --multiline, no spool: in Answered items
         self.json_failures = 0  # --json, --journal: lines sent as text (see JsonEncoder)
         self.json_fixed = 0  # --json, --journal: events with a field moved or noted
@@ -2850,7 +2851,7 @@ class SourceJoiner:
             self._spare = _Source(self._joiner())
         while self._sources and (len(self._sources) > MULTILINE_SOURCES
                                  or self._held > MULTILINE_SOURCE_BYTES):
-            self._flush_source(next(iter(self._sources)), out)
+            self._flush_source(next(iter(self._sources)), out, pushed_out=True)
 
     def _classify(self, line: bytes) -> tuple:
         """(source, what the rule sees, message): message None for a line that
@@ -2878,21 +2879,27 @@ class SourceJoiner:
                 message = "\n".join(m for m in message if isinstance(m, str))
         return message if isinstance(message, str) else None
 
-    def _flush_source(self, source, out: list):
+    def _flush_source(self, source, out: list, pushed_out: bool = False):
         entry = self._sources.pop(source, None)
         if entry is not None:
-            self._emit(entry, entry.joiner.flush(), out)
+            self._emit(entry, entry.joiner.flush(), out, pushed_out)
 
-    def _emit(self, entry: _Source, items: list, out: list):
-        """The Joiner's output items, made of the held lines they stand for."""
+    def _emit(self, entry: _Source, items: list, out: list, pushed_out: bool = False):
+        """The Joiner's output items, made of the held lines they stand for;
+        pushed_out (past the caps, unfinished): each event marked as a cut one
+        and counted in events_pushed_out."""
         records = entry.records
         for item in items:
             if isinstance(item, bytes):
                 for _ in range(item.count(b"\n")):
-                    out.append(self._release(records)[0] + b"\n")
+                    line = self._release(records)[0]
+                    out.append(Joined([line], [True]) if pushed_out else line + b"\n")
+                    self._counters.events_pushed_out += pushed_out
                 continue
-            for text, cut in zip(item.texts, item.cut):
+            for text, was_cut in zip(item.texts, item.cut):
                 group = [self._release(records) for _ in range(text.count(b"\n") + 1)]
+                cut = was_cut or pushed_out
+                self._counters.events_pushed_out += pushed_out
                 if group[0][1] is None:  # lines that are not JSON objects
                     out.append(Joined([text], [cut]))
                     continue
@@ -6210,7 +6217,8 @@ class Reporter:
                 "window_bytes": self._sender.window.nbytes,
                 "handshake_failures": c.handshake_failures, "refused": c.refused,
                 **({"joined": c.events_joined, "joined_lines": c.lines_joined,
-                    "cut": c.events_cut} if self._config.multiline is not None else {}),
+                    "cut": c.events_cut, "pushed_out": c.events_pushed_out}
+                   if self._config.multiline is not None else {}),
                 **({"json_errors": c.json_failures, "json_fixed": c.json_fixed}
                    if self._config.structured is not None else {})}
 
@@ -6378,6 +6386,8 @@ MULTILINE_METRICS = (
      "Lines joined into multi-line events.", "joined_lines"),
     ("zmqpush_multiline_cut_events_total", "counter",
      "Multi-line events cut at a cap in lines or bytes.", "cut"),
+    ("zmqpush_multiline_pushed_out_events_total", "counter",
+     "Events sent unfinished past the per-source caps (marked @continues).", "pushed_out"),
 )
 STRUCTURED_METRICS = (
     ("zmqpush_json_errors_total", "counter",
@@ -7174,7 +7184,9 @@ class Shipper:
         if self.config.multiline is not None:
             closing += (f". Joined {counters.lines_joined} lines into "
                         f"{counters.events_joined} multi-line events "
-                        f"({counters.events_cut} cut at a cap)")
+                        f"({counters.events_cut} cut at a cap"
+                        + (f", {counters.events_pushed_out} pushed out unfinished past "
+                           "the source caps" if counters.events_pushed_out else "") + ")")
         if spool is not None:
             closing += self._spool_closing(left)
         if counters.json_failures or counters.json_fixed:
