@@ -137,6 +137,10 @@ MULTILINE_SOURCE_BYTES = 256 << 10
 MULTILINE_SOURCES = 256
 MULTILINE_LINE_OVERHEAD = 256
 MEMORY_PER_HELD_BYTE = 4
+# What each endpoint's socket beyond the first holds (measured: 256 receivers
+# at full speed, see bench/README.md "Many receivers"): libzmq's pipes (chunks
+# of 256 message slots), its monitor's sockets, the connection's buffers.
+MEMORY_PER_ENDPOINT = 80 << 10
 # What fit_memory lowers an unset --queue-bytes or --replay-bytes to, at most.
 FIT_FLOOR_BYTES = 1 << 20
 MEMORY_PER_READ_BYTE = 24  # escaping and encoding copies of one read
@@ -1063,23 +1067,26 @@ def replay_default(opt: dict, spool_bytes: int) -> int:
 
 
 def memory_need(held: int, max_line_bytes: int, read_bytes: int,
-                parses: bool = False) -> int:
+                parses: bool = False, endpoints: int = 1) -> int:
     """The worst case, in bytes, of settings whose queue, window and ZeroMQ hold
-    `held` bytes: the base, plus per byte of the longest line piece and of one
-    read what escaping and encoding may take, and with parses (--json,
-    --journal) the objects of the largest run of lines parsed at once (README
-    "Flow control and memory")."""
+    `held` bytes: the base (with one endpoint), plus per byte of the longest
+    line piece and of one read what escaping and encoding may take, with
+    parses (--json, --journal) the objects of the largest run of lines parsed
+    at once, and what each further endpoint's socket holds
+    (README "Flow control and memory")."""
     parsed = MEMORY_PER_PARSED_BYTE * (max_line_bytes + JSON_RUN_BYTES) if parses else 0
     return (MEMORY_BASE + held + MEMORY_PER_LINE_BYTE * max_line_bytes
-            + MEMORY_PER_READ_BYTE * read_bytes + parsed)
+            + MEMORY_PER_READ_BYTE * read_bytes + parsed
+            + MEMORY_PER_ENDPOINT * (endpoints - 1))
 
 
 def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int,
                max_line_bytes: int, read_bytes: int, parses: bool = False,
                joining_bytes: int = 0) -> tuple:
     """(queue bytes, replay bytes) whose worst case fits --memory-bytes, with
-    parses as memory_need takes it and joining_bytes for what joining per
-    source holds (see SourceJoiner).
+    parses as memory_need takes it, joining_bytes for what joining per source
+    holds (see SourceJoiner) and a socket for each -c endpoint (one for all
+    --bind ones).
 
     Settings that fit come back as they are.  Otherwise what the user did not
     set (opt[...] is None) is lowered: first the queue, then the replay window,
@@ -1087,8 +1094,9 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
     line on stderr says so.  UsageError if even that does not fit: what the
     user asked for cannot be had within --memory-bytes."""
     limit = opt["memory_bytes"] or DEFAULT_MEMORY_BYTES
+    endpoints = max(1, len(opt["connect"] or []) + bool(opt["bind"]))
     excess = memory_need(queue_bytes + replay_bytes + zmq_bytes + joining_bytes,
-                         max_line_bytes, read_bytes, parses) - limit
+                         max_line_bytes, read_bytes, parses, endpoints) - limit
     if excess <= 0:
         return queue_bytes, replay_bytes
     fitted = {"queue_bytes": queue_bytes, "replay_bytes": replay_bytes}
@@ -1103,11 +1111,12 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
         need = (limit + excess) / (1 << 20)
         raise UsageError(f"these settings may need {need:.0f} MiB, over --memory-bytes "
                          f"{limit}: lower --queue-bytes, --replay-bytes, --max-line-bytes "
-                         "or --batch-bytes, or raise --memory-bytes "
+                         "or --batch-bytes, give fewer endpoints, or raise --memory-bytes "
                          '(README "Flow control and memory")')
-    asked = " ".join(f"--{name.replace('_', '-')} {opt[name]}" for name in
-                     ("max_line_bytes", "batch_bytes", "queue_bytes", "replay_bytes")
-                     if opt[name] is not None)
+    asked = " ".join([f"--{name.replace('_', '-')} {opt[name]}" for name in
+                      ("max_line_bytes", "batch_bytes", "queue_bytes", "replay_bytes")
+                      if opt[name] is not None]
+                     + ([f"{endpoints} endpoints"] if endpoints > 1 else []))
     if opt["memory_bytes"] is not None and not asked:
         asked = "the other defaults"
     if asked:  # else these are the defaults of a mode that needs more (--json)
@@ -2196,6 +2205,7 @@ class Counters:
         self.events_joined = 0  # --multiline: events of several lines
         self.lines_joined = 0  # the lines in them
         self.events_cut = 0  # events cut at a --multiline cap
+        self.events_pushed_out = 0  # unfinished, past the per-source caps (SourceJoiner)
         self.events_answered = 0  # --confirm --multiline, no spool: in Answered items
         self.json_failures = 0  # --json, --journal: lines sent as text (see JsonEncoder)
         self.json_fixed = 0  # --json, --journal: events with a field moved or noted
@@ -2905,7 +2915,7 @@ class SourceJoiner:
             self._spare = _Source(self._joiner())
         while self._sources and (len(self._sources) > MULTILINE_SOURCES
                                  or self._held > MULTILINE_SOURCE_BYTES):
-            self._flush_source(next(iter(self._sources)), out)
+            self._flush_source(next(iter(self._sources)), out, pushed_out=True)
 
     def _classify(self, line: bytes) -> tuple:
         """(source, what the rule sees, message): message None for a line that
@@ -2933,21 +2943,27 @@ class SourceJoiner:
                 message = "\n".join(m for m in message if isinstance(m, str))
         return message if isinstance(message, str) else None
 
-    def _flush_source(self, source, out: list):
+    def _flush_source(self, source, out: list, pushed_out: bool = False):
         entry = self._sources.pop(source, None)
         if entry is not None:
-            self._emit(entry, entry.joiner.flush(), out)
+            self._emit(entry, entry.joiner.flush(), out, pushed_out)
 
-    def _emit(self, entry: _Source, items: list, out: list):
-        """The Joiner's output items, made of the held lines they stand for."""
+    def _emit(self, entry: _Source, items: list, out: list, pushed_out: bool = False):
+        """The Joiner's output items, made of the held lines they stand for;
+        pushed_out (past the caps, unfinished): each event marked as a cut one
+        and counted in events_pushed_out."""
         records = entry.records
         for item in items:
             if isinstance(item, bytes):
                 for _ in range(item.count(b"\n")):
-                    out.append(self._release(records)[0] + b"\n")
+                    line = self._release(records)[0]
+                    out.append(Joined([line], [True]) if pushed_out else line + b"\n")
+                    self._counters.events_pushed_out += pushed_out
                 continue
-            for text, cut in zip(item.texts, item.cut):
+            for text, was_cut in zip(item.texts, item.cut):
                 group = [self._release(records) for _ in range(text.count(b"\n") + 1)]
+                cut = was_cut or pushed_out
+                self._counters.events_pushed_out += pushed_out
                 if group[0][1] is None:  # lines that are not JSON objects
                     out.append(Joined([text], [cut]))
                     continue
@@ -4632,14 +4648,13 @@ def endpoint_error_code(exc: OSError) -> int:
     return EXIT_USAGE if exc.errno in _ENDPOINT_USAGE_ERRNOS else EXIT_ERROR
 
 
-async def open_stream(config: Config, on_socket=None):
-    """A connected (or bound) aiozmq PUSH stream.  on_socket(sock), if given, is
-    called before any endpoint is used (a monitor then misses no event) and
-    returns what must be closed before the socket.
+async def open_stream(config: Config, context, on_socket=None):
+    """A connected (or bound) aiozmq PUSH stream on a socket of context.
+    on_socket(sock), if given, is called before any endpoint is used (a monitor
+    then misses no event) and returns what must be closed before the socket.
     OSError from ZeroMQ on a bad or unusable endpoint; the socket is closed then."""
     import zmq
     aiozmq = import_aiozmq()
-    context = zmq.Context()
     sock = context.socket(zmq.PUSH)
     configure_socket(sock, config)
     watcher = on_socket(sock) if on_socket is not None else None
@@ -4652,9 +4667,8 @@ async def open_stream(config: Config, on_socket=None):
         if watcher is not None:
             watcher.close()
         sock.close(linger=0)
-        context.term()
         raise
-    return stream, context
+    return stream
 
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks (RFC 27)
@@ -4998,6 +5012,57 @@ def socket_parts(config: Config) -> list:
             + ([config._replace(connect=[])] if config.bind else []))
 
 
+# Descriptors and ZeroMQ sockets (README "Several receivers"), measured: what
+# zmqpush opens besides its PUSH sockets (stdin, the epolls, the loop's pipes,
+# ZeroMQ's I/O thread and reaper: 19), with room for a spool's files and
+# --metrics-listen; what each PUSH socket opens (its mailbox and the mailboxes
+# of its monitor's two PAIR sockets), and each connection or listener (its TCP
+# socket).  Peers arriving on --bind take one each: the soft limit is raised
+# to the hard one when it leaves fewer than BIND_PEERS_ROOM.
+DESCRIPTORS_BASE = 32
+DESCRIPTORS_PER_SOCKET = 3
+ZMQ_SOCKETS_PER_SOCKET = 3  # the PUSH socket and its monitor's PAIR sockets
+BIND_PEERS_ROOM = 256
+LIBZMQ_MAX_SOCKETS = 1023  # libzmq's default ZMQ_MAX_SOCKETS
+
+
+def descriptors_needed(config: Config) -> int:
+    """The open files config's sockets need, --bind peers not counted."""
+    return (DESCRIPTORS_BASE + DESCRIPTORS_PER_SOCKET * len(socket_parts(config))
+            + len(config.connect) + len(config.bind))
+
+
+def raise_descriptor_limit(config: Config) -> str | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit when it is short of what
+    config needs (with BIND_PEERS_ROOM for --bind peers), as Go's runtime and
+    systemd services do.  Returns why it cannot serve (the hard limit is below
+    the need), else None."""
+    import resource
+    need = descriptors_needed(config)
+    want = need + (BIND_PEERS_ROOM if config.bind else 0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    if soft == infinite or soft >= want:
+        return None
+    if hard != infinite and hard < need:
+        endpoints = len(config.connect) + len(config.bind)
+        return (f"{endpoints} endpoint{'s' if endpoints > 1 else ''} need {need} open "
+                f"files, over the limit of {soft} (hard limit {hard}): raise it "
+                f"(ulimit -n {need}; LimitNOFILE= for a service) or give fewer endpoints")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == infinite else hard, hard))
+    except (OSError, ValueError) as exc:
+        return f"cannot raise the open files limit {soft} to {hard} (ulimit -n): {exc}"
+    return None
+
+
+def max_sockets(config: Config) -> int:
+    """ZMQ_MAX_SOCKETS for the context of config's sockets: libzmq's default,
+    or what the PUSH sockets and their monitors need if more."""
+    return max(LIBZMQ_MAX_SOCKETS,
+               ZMQ_SOCKETS_PER_SOCKET * len(socket_parts(config)) + 1)
+
+
 def zmq_queue_bytes(batch: bool, replay: bool) -> int:
     """What ZeroMQ's queues may hold in all, in bytes, as --memory-bytes counts
     it: PIPE_BYTES in default mode; with --batch the arrays SNDHWM allows."""
@@ -5006,13 +5071,18 @@ def zmq_queue_bytes(batch: bool, replay: bool) -> int:
     return max(PIPE_BYTES, REPLAY_BATCH_ZMQ_BYTES if replay else BATCH_ZMQ_BYTES)
 
 
-def open_socket(config: Config, on_socket):
-    """A PUSH socket in a context of its own (so each may have its own ZAP
-    handler), configured, watched (on_socket as for open_stream) and using
-    config's endpoints: (socket, context, what on_socket returned).
+def own_context(config: Config) -> bool:
+    """Whether config's socket needs a ZeroMQ context of its own: a bound one
+    whose peers a ZAP handler checks (a context has one handler, RFC 27).  The
+    others share one context, and so one I/O thread and one reaper."""
+    return bool(config.bind) and config.security is not None and config.security.zap()
+
+
+def open_socket(config: Config, context, on_socket):
+    """A PUSH socket of context, configured, watched (on_socket as for
+    open_stream) and using config's endpoints: (socket, what on_socket returned).
     OSError on a bad or unusable endpoint; nothing stays open then."""
     import zmq
-    context = zmq.Context()
     sock = context.socket(zmq.PUSH)
     configure_socket(sock, config)
     watcher = on_socket(sock)
@@ -5024,9 +5094,8 @@ def open_socket(config: Config, on_socket):
     except zmq.ZMQError as exc:
         watcher.close()
         sock.close(linger=0)
-        context.term()
         raise OSError(exc.errno, exc.strerror) from exc
-    return sock, context, watcher
+    return sock, watcher
 
 
 class PushSocket:
@@ -5043,6 +5112,20 @@ class PushSocket:
         self._watchers: list = []  # (Connections, Gatekeeper) per socket
         self._sockets: list = []
         self._contexts: list = []
+        self._shared = None  # the context of the sockets without a ZAP handler
+
+    def _context_for(self, part: Config):
+        """The context part's socket goes in: a new one if it needs its own
+        (own_context), else the one the others share (made at the first)."""
+        import zmq
+        if own_context(part):
+            self._contexts.append(zmq.Context())
+            return self._contexts[-1]
+        if self._shared is None:
+            self._shared = zmq.Context()
+            self._shared.set(zmq.MAX_SOCKETS, max_sockets(self._config))
+            self._contexts.append(self._shared)
+        return self._shared
 
     async def open(self, counters: Counters, on_event, on_lost):
         """Open the sockets, watch their connections (calling on_event(what,
@@ -5058,20 +5141,20 @@ class PushSocket:
                 return Closing((connections, gatekeeper))
             return watcher
         parts = socket_parts(self._config)
-        if len(parts) == 1:
-            self.stream, context = await open_stream(self._config, on_socket=watch(self._config))
-            self._sockets = [self.stream.transport.get_extra_info("zmq_socket")]
-            self._contexts = [context]
-            return
         try:
+            if len(parts) == 1:
+                self.stream = await open_stream(self._config, self._context_for(parts[0]),
+                                                on_socket=watch(self._config))
+                self._sockets = [self.stream.transport.get_extra_info("zmq_socket")]
+                return
             for part in parts:
-                sock, context, _ = open_socket(part, watch(part))
+                sock, _ = open_socket(part, self._context_for(part), watch(part))
                 self._sockets.append(sock)
-                self._contexts.append(context)
         except OSError:
             self.stop_watching()
-            for sock, context in zip(self._sockets, self._contexts):
+            for sock in self._sockets:
                 sock.close(linger=0)
+            for context in self._contexts:
                 context.term()
             raise
         config = self._config
@@ -6220,7 +6303,8 @@ class Reporter:
                 "window_bytes": self._sender.window.nbytes,
                 "handshake_failures": c.handshake_failures, "refused": c.refused,
                 **({"joined": c.events_joined, "joined_lines": c.lines_joined,
-                    "cut": c.events_cut} if self._config.multiline is not None else {}),
+                    "cut": c.events_cut, "pushed_out": c.events_pushed_out}
+                   if self._config.multiline is not None else {}),
                 **({"json_errors": c.json_failures, "json_fixed": c.json_fixed}
                    if self._config.structured is not None else {})}
 
@@ -6388,6 +6472,8 @@ MULTILINE_METRICS = (
      "Lines joined into multi-line events.", "joined_lines"),
     ("zmqpush_multiline_cut_events_total", "counter",
      "Multi-line events cut at a cap in lines or bytes.", "cut"),
+    ("zmqpush_multiline_pushed_out_events_total", "counter",
+     "Events sent unfinished past the per-source caps (marked @continues).", "pushed_out"),
 )
 STRUCTURED_METRICS = (
     ("zmqpush_json_errors_total", "counter",
@@ -7200,7 +7286,9 @@ class Shipper:
         if self.config.multiline is not None:
             closing += (f". Joined {counters.lines_joined} lines into "
                         f"{counters.events_joined} multi-line events "
-                        f"({counters.events_cut} cut at a cap)")
+                        f"({counters.events_cut} cut at a cap"
+                        + (f", {counters.events_pushed_out} pushed out unfinished past "
+                           "the source caps" if counters.events_pushed_out else "") + ")")
         if spool is not None:
             closing += self._spool_closing(left)
         if counters.json_failures or counters.json_fixed:
@@ -7356,6 +7444,10 @@ def main(argv=None) -> int:
     except ImportError as exc:  # certificates are read with pyzmq: a broken install
         warn(f"failed: {exc}")
         return EXIT_ERROR
+    short = raise_descriptor_limit(config)
+    if short is not None:
+        warn(short)
+        return EXIT_USAGE
     map_large_blocks(config)
     loop = new_event_loop()
     try:

@@ -21,6 +21,8 @@
  * (Python's time.monotonic() reads the same clock).  Once bound it prints
  *   ccount: bound ENDPOINT
  * on stderr with the actual endpoint (so tcp://127.0.0.1:* picks a free port).
+ * CCOUNT_BINDS=N binds ENDPOINT N times (N ports with tcp://127.0.0.1:*), one
+ * line each: one socket then stands for N receivers (bench/receivers.py).
  *
  * With --stay, reaching COUNT prints those lines at once but keeps the socket
  * open until SIGTERM/SIGINT or IDLE_SECONDS without a frame: a sender that is
@@ -104,14 +106,17 @@ int main(int argc, char **argv)
     void *sock = zmq_socket(ctx, ZMQ_PULL);
     zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_bind(sock, endpoint) < 0) {
-        fprintf(stderr, "ccount: %s: %s\n", endpoint, zmq_strerror(errno));
-        return 1;
+    int binds = getenv("CCOUNT_BINDS") ? atoi(getenv("CCOUNT_BINDS")) : 1;
+    for (int i = 0; i < (binds > 0 ? binds : 1); i++) {
+        if (zmq_bind(sock, endpoint) < 0) {
+            fprintf(stderr, "ccount: %s: %s\n", endpoint, zmq_strerror(errno));
+            return 1;
+        }
+        char bound[256];
+        size_t bound_len = sizeof bound;
+        zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, bound, &bound_len);
+        fprintf(stderr, "ccount: bound %s\n", bound);
     }
-    char bound[256];
-    size_t bound_len = sizeof bound;
-    zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, bound, &bound_len);
-    fprintf(stderr, "ccount: bound %s\n", bound);
     fflush(stderr);
 
     zmq_msg_t msg;

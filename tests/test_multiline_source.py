@@ -302,36 +302,43 @@ def test_max_bytes_cuts_each_source_apart(receiver):
             [f"head {name}"] + [f"  frame {name} {n} " for n in range(1, 41)])
 
 
-def test_past_the_sources_bound_the_oldest_event_leaves_whole(receiver):
+def test_past_the_sources_bound_the_oldest_event_leaves_marked_and_counted(receiver):
     """One more source than MULTILINE_SOURCES begins a Python traceback: the
-    first source's leaves as it is (not marked cut), its next line on its own."""
+    first source's leaves as it is, marked "@continues" and counted (issue 34),
+    its next line on its own."""
     names = [f"s{n}" for n in range(zmqpush.MULTILINE_SOURCES + 1)]
     lines = [json.dumps({"src": name, "message": m}).encode() for name in names for m in
              ("Traceback (most recent call last):", f"    frame {name} 1")]
     lines += [json.dumps({"src": name, "message": f"    frame {name} 2"}).encode()
               for name in names]
-    ship(receiver, b"\n".join(lines) + b"\n", "--json", "--multiline", "python",
-         "--multiline-source", "src")
+    proc = ship(receiver, b"\n".join(lines) + b"\n", "--json", "--multiline", "python",
+                "--multiline-source", "src")
     sources = by_source(receiver.events())
     assert [e["message"] for e in sources["s0"]] == [
         "Traceback (most recent call last):\n    frame s0 1", "    frame s0 2"]
-    assert all("@continues" not in e for e in sources["s0"])
-    assert all(len(sources[name]) == 1 for name in names[1:])
+    assert [e.get("@continues") for e in sources["s0"]] == [True, None]
+    assert all(len(sources[name]) == 1 and "@continues" not in sources[name][0]
+               for name in names[1:])
+    assert "(0 cut at a cap, 1 pushed out unfinished past the source caps)" in \
+        proc.stderr.decode()
 
 
-def test_past_the_held_bytes_bound_the_oldest_events_leave_whole(receiver):
+def test_past_the_held_bytes_bound_the_oldest_events_leave_marked_and_counted(receiver):
     """Four sources whose events would hold more than MULTILINE_SOURCE_BYTES
-    together: the oldest leave early, unmarked; nothing is lost."""
+    together: the oldest leave early, marked "@continues" and counted (issue
+    34); nothing is lost."""
     frames = zmqpush.MULTILINE_SOURCE_BYTES // 4 // 1000 + 50
     lines = numbered_traces(["a", "b", "c", "d"], frames, width=1000)
-    ship(receiver, b"\n".join(lines) + b"\n", "--json", "--multiline-pattern", r"^\s",
-         "--multiline-source", "src", "--multiline-max-lines", "100000",
-         "--max-line-bytes", str(4 << 20), "--memory-bytes", str(1 << 30))
+    proc = ship(receiver, b"\n".join(lines) + b"\n", "--json", "--multiline-pattern", r"^\s",
+                "--multiline-source", "src", "--multiline-max-lines", "100000",
+                "--max-line-bytes", str(4 << 20), "--memory-bytes", str(1 << 30))
     sources = by_source(receiver.events())
     assert sum(map(len, sources.values())) > 4
     for events in sources.values():
-        assert all("@continues" not in e for e in events)
+        assert all(e.get("@continues") for e in events[:-1])
         assert sum(e["message"].count("\n") + 1 for e in events) == frames + 1
+    marked = sum(bool(e.get("@continues")) for events in sources.values() for e in events)
+    assert marked and f"(0 cut at a cap, {marked} pushed out unfinished" in proc.stderr.decode()
 
 
 # ------------------------------------------------------ leaving on time --

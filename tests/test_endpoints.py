@@ -1,0 +1,138 @@
+"""Issue 34, "Many receivers, many sources": the endpoints share one ZeroMQ
+context (a handful of threads, not two per receiver); the open files they need
+are worked out at start (the soft limit raised up to the hard one, or exit 2
+before anything is read, never libzmq's abort); many receivers stay within the
+memory bound."""
+import os
+import subprocess
+import threading
+import time
+
+import zmq
+
+from conftest import cli, closing_count, env_with, wait_until
+
+SHORT = 64  # an open files limit far too small for the endpoints below
+
+
+class Pull:
+    """One PULL socket bound on `count` free ports of 127.0.0.1 (each a receiver
+    for zmqpush), counting frames in a thread."""
+
+    def __init__(self, count: int):
+        self._context = zmq.Context()
+        self._context.set(zmq.MAX_SOCKETS, 4096)
+        self._sock = self._context.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self.endpoints = []
+        for _ in range(count):
+            self._sock.bind("tcp://127.0.0.1:*")
+            self.endpoints.append(self._sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.frames = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._count, daemon=True)
+        self._thread.start()
+
+    def _count(self):
+        while not self._stop.is_set():
+            if self._sock.poll(50):
+                while True:
+                    try:
+                        self._sock.recv(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self.frames += 1
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+        self._context.term()
+
+
+def connect_args(endpoints) -> list:
+    return [arg for endpoint in endpoints for arg in ("-c", endpoint)]
+
+
+def limited(soft: int, hard: int, *args) -> list:
+    """zmqpush.py with args under an open files limit of soft:hard."""
+    return ["prlimit", f"--nofile={soft}:{hard}", *cli(*args)]
+
+
+def test_more_endpoints_than_the_hard_limit_serves_exit_2_before_reading(tmp_path):
+    endpoints = [f"tcp://127.0.0.1:{20000 + n}" for n in range(30)]
+    data = tmp_path / "in"
+    data.write_bytes(b"a line\n" * 100)
+    with open(data, "rb") as stdin:
+        done = subprocess.run(limited(SHORT, SHORT, "--linger", "0", *connect_args(endpoints)),
+                              stdin=stdin, capture_output=True, timeout=60, env=env_with({}))
+        position = os.lseek(stdin.fileno(), 0, os.SEEK_CUR)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zmqpush: 30 endpoints need "), lines
+    assert f"over the limit of {SHORT}" in lines[0] and "ulimit -n" in lines[0], lines
+    assert position == 0  # nothing read
+
+
+def test_a_short_soft_limit_is_raised_and_every_line_arrives():
+    pull = Pull(40)
+    try:
+        lines = 2000
+        done = subprocess.run(limited(SHORT, 4096, "-q", *connect_args(pull.endpoints)),
+                              input=b"a line\n" * lines, capture_output=True, timeout=60,
+                              env=env_with({}))
+        assert done.returncode == 0, done.stderr
+        assert closing_count(done.stderr) == lines
+        assert wait_until(lambda: pull.frames == lines, 10), pull.frames
+    finally:
+        pull.close()
+
+
+def status_of(pid: int) -> dict:
+    with open(f"/proc/{pid}/status") as status:
+        return dict(row.split(":", 1) for row in status)
+
+
+def test_many_receivers_take_a_handful_of_threads_and_stay_within_the_memory_bound():
+    receivers, lines = 32, 200_000
+    pull = Pull(receivers)
+    proc = subprocess.Popen(cli("-q", *connect_args(pull.endpoints)), stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env_with({}))
+    try:
+        feeder = threading.Thread(target=proc.communicate,
+                                  args=(b"%0110d\n" * lines % tuple(range(lines)),))
+        most_threads, peak = 0, 0
+        feeder.start()
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                status = status_of(proc.pid)
+                most_threads = max(most_threads, int(status["Threads"]))
+                peak = max(peak, int(status["VmHWM"].split()[0]))
+            except (OSError, KeyError):
+                break
+            time.sleep(0.01)
+        feeder.join(60)
+        assert proc.returncode == 0
+        assert wait_until(lambda: pull.frames == lines, 10), pull.frames
+        assert 0 < most_threads <= 8, most_threads  # before: 2 per receiver
+        assert 0 < peak < 64 << 10, peak  # KiB, the default --memory-bytes
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        pull.close()
+
+
+def test_each_endpoint_counts_in_the_memory_formula_and_lowers_what_was_not_set():
+    endpoints = [f"tcp://127.0.0.1:{20000 + n}" for n in range(256)]
+    done = subprocess.run(cli("-q", "--linger", "0", *connect_args(endpoints)), input=b"",
+                          capture_output=True, timeout=60, env=env_with({}))
+    assert done.returncode == 0, done.stderr
+    said = done.stderr.decode().splitlines()[0]
+    assert said.startswith("zmqpush: to fit --memory-bytes 67108864 with 256 endpoints: "
+                           "--queue-bytes 1048576 and --replay-bytes "), said
+    refused = subprocess.run(cli("--replay-bytes", str(16 << 20), *connect_args(endpoints)),
+                             input=b"", capture_output=True, timeout=60, env=env_with({}))
+    assert refused.returncode == 2
+    assert b"give fewer endpoints" in refused.stderr
