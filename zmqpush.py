@@ -1028,11 +1028,12 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     spool_bytes = setting["spool_bytes"]
     replay_bytes = replay_default(opt, spool_bytes)
     zmq_bytes = REPLAY_BATCH_ZMQ_BYTES if replay_bytes else BATCH_ZMQ_BYTES
+    queue_bytes = setting["queue_bytes"]
     max_line_bytes = setting["max_line_bytes"]
     multiline = multiline_from(setting, max_line_bytes)
     queue_bytes, held_replay = fit_memory(
-        opt, setting["queue_bytes"], 0 if opt["spool"] else replay_bytes,
-        zmq_bytes=zmq_queue_bytes(setting["batch"], bool(replay_bytes)),
+        opt, queue_bytes, 0 if opt["spool"] else replay_bytes,
+        zmq_bytes=zmq_queue_bytes(bool(opt["batch"]), bool(replay_bytes)),
         max_line_bytes=max_line_bytes,
         read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES,
         parses=bool(opt.get("json") or opt.get("journal")),
