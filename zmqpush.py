@@ -47,6 +47,7 @@ import threading
 import time
 import warnings
 from codecs import utf_8_decode as _utf8_decode
+from collections.abc import Callable
 from typing import NamedTuple
 
 __version__ = "1.0.0"
@@ -288,8 +289,40 @@ class Config(NamedTuple):
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse's parser that raises UsageError, holds the option table's
+    entries it was made from (options) and formats a brief help or the whole."""
+
+    options: tuple = ()
+
     def error(self, message: str):
         raise UsageError(message)
+
+    def format_help(self, everything: bool = True) -> str:
+        """Every option by group, and the epilog; or (everything False) argparse's
+        own sections, then in one section the options the table marks common,
+        and where the rest is."""
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
+        formatter.add_text(self.description)
+        for title, actions in self._help_sections(everything):
+            formatter.start_section(title)
+            formatter.add_arguments(actions)
+            formatter.end_section()
+        formatter.add_text(self.epilog if everything else BRIEF_EPILOG.format(prog=self.prog))
+        return formatter.format_help()
+
+    def _help_sections(self, everything: bool) -> list:
+        """(title, actions) of each section of the help: argparse's groups; or
+        (everything False) those of them that hold options outside the table
+        (LOGTYPE, the help), and one of the options the table marks common."""
+        if everything:
+            return [(group.title, group._group_actions) for group in self._action_groups]
+        tabled = {o.dest: o for o in self.options if o.kind != "positional"}
+        own = [(group.title, [a for a in group._group_actions if a.dest not in tabled])
+               for group in self._action_groups]
+        common = [a for a in self._actions if a.dest in tabled and tabled[a.dest].common]
+        return [(title, actions) for title, actions in own if actions] + [
+            ("the options most users need", common)]
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -372,180 +405,6 @@ def _buffer_limits(text: str) -> tuple:
 _buffer_limits.__name__ = "HIGH[,LOW] with HIGH >= LOW >= 0"
 
 
-def build_parser(prog: str = "zmqpush.py", structured: bool = True) -> argparse.ArgumentParser:
-    """The CLI, its options grouped by concern; shared with zmqpush-watermark.py,
-    which leaves out the structured logs options (its own --json is its output)."""
-    p = _Parser(
-        prog=prog,
-        description="Read lines on stdin and push each as JSON\n"
-        '{"message":LINE,"type":LOGTYPE,"@pid":PID} over a ZeroMQ PUSH socket\n'
-        "to a Logstash zeromq input. Diagnostics go to stderr; stdout is used\n"
-        "only by --confirm.",
-        epilog=HELP_EPILOG, formatter_class=_HelpFormatter)
-    p.add_argument("logtype", nargs="?", metavar="LOGTYPE",
-                   help='the "type" field (default: syslog)')
-    p.add_argument("--version", action="version", version=f"zmqpush {__version__}")
-    _connection_options(p.add_argument_group("connection"))
-    _delivery_options(p.add_argument_group("delivery and flow control"))
-    _input_options(p.add_argument_group("input handling"))
-    _field_options(p.add_argument_group("fields"))
-    if structured:
-        _structured_options(p.add_argument_group("structured logs"))
-    _reporting_options(p.add_argument_group("reporting"))
-    _rsyslog_options(p.add_argument_group("rsyslog omprog"))
-    _security_options(p.add_argument_group("security"))
-    _spool_options(p.add_argument_group("disk spool"))
-    _multiline_options(p.add_argument_group("multi-line events"))
-    return p
-
-
-def _connection_options(g):
-    g.add_argument("-c", "--connect", action="append", metavar="ENDPOINT",
-                   help="connect to ENDPOINT (repeatable: round-robin over all); "
-                   f"default {DEFAULT_ENDPOINT}")
-    g.add_argument("--bind", action="append", metavar="ENDPOINT",
-                   help='bind ENDPOINT instead (Logstash input mode => "client")')
-    g.add_argument("--heartbeat", type=_seconds(*HEARTBEAT_RANGE, off=True),
-                   metavar="SECONDS",
-                   help="ZeroMQ heartbeat interval, 1 to 3600; a peer silent for 3 "
-                   "intervals is dropped and reconnected (default 0: off)")
-
-
-def _delivery_options(g):
-    g.add_argument("--linger", type=_seconds(), metavar="SECONDS",
-                   help="at end of input, wait at most this long for delivery; 0: do "
-                   "not wait (exit 3 if anything was read) (default "
-                   f"{DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5; at most "
-                   f"{MAX_SECONDS})")
-    g.add_argument("--replay-bytes", type=_integer(0), metavar="N",
-                   help="replay window: after a receiver goes away, send again what "
-                   "may have been in flight to it, up to N bytes of the newest "
-                   f"messages (default {DEFAULT_REPLAY_BYTES}; 0: off, at most once)")
-    g.add_argument("--queue-bytes", type=_integer(1), metavar="N",
-                   help="bound of the queue between reader and sender, in bytes of "
-                   f"encoded JSON (default {DEFAULT_QUEUE_BYTES})")
-    g.add_argument("--when-full", choices=("block", "drop"),
-                   help="queue full: block the producer (default) or drop, count and "
-                   "exit 3; only for inputs that can be polled (pipes, sockets, terminals)")
-    g.add_argument("--memory-bytes", type=_integer(1), metavar="N",
-                   help="refuse settings whose worst-case memory (queue, replay window, "
-                   "ZeroMQ, line and read sizes: README formula) exceeds N (default "
-                   f"{DEFAULT_MEMORY_BYTES})")
-    g.add_argument("--sndhwm", type=_integer(1, MAX_SNDHWM), metavar="N",
-                   help="ZeroMQ send high-water mark in messages per receiver (default "
-                   f"{DEFAULT_SNDHWM}; in default mode ZeroMQ also holds at most about "
-                   f"{PIPE_BYTES >> 20} MiB; with --batch, derived from the array size; "
-                   f"with --confirm, a --confirm-timeout over 0 and no --spool, "
-                   f"{CONFIRM_SNDHWM})")
-    g.add_argument("--write-buffer-limits", type=_buffer_limits, metavar="HIGH[,LOW]",
-                   help="aiozmq transport watermarks in bytes (default "
-                   f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
-                   "LOW left out: HIGH/4)")
-
-
-def _input_options(g):
-    g.add_argument("--max-line-bytes", type=_integer(MIN_MAX_LINE_BYTES), metavar="N",
-                   help="longer lines are split into messages marked "
-                   f'"@continues":true (at least {MIN_MAX_LINE_BYTES}, '
-                   f"default {DEFAULT_MAX_LINE_BYTES})")
-    g.add_argument("--batch", action="store_true", default=None,
-                   help="send the lines of each read as JSON arrays, one per message")
-    g.add_argument("--batch-bytes", type=_integer(1, MAX_BATCH_BYTES), metavar="N",
-                   help=f"read size (default {DEFAULT_READ_BYTES}, at most "
-                   f"{MAX_BATCH_BYTES}); arrays are at most N bytes, and with the replay "
-                   "window on at most what it covers (8 KiB by default)")
-    g.add_argument("--coalesce", type=_seconds(0, MAX_COALESCE), metavar="SECONDS",
-                   help="while lines keep coming, read at most once per SECONDS, taking "
-                   "all that came meanwhile in one read; a line after a quiet spell is "
-                   f"read at once (default {DEFAULT_COALESCE:g}; 0: read at every line; "
-                   f"at most {MAX_COALESCE:g}; --confirm: always 0)")
-
-
-def _field_options(g):
-    g.add_argument("--host-field", action="store_true", default=None,
-                   help='add "host": this host\'s name (Logstash would stamp its own)')
-    g.add_argument("--host-field-ecs", action="store_true", default=None,
-                   help='add "host":{"name": this host\'s name}, the form ECS '
-                   "mappings (Logstash 8+ with Elasticsearch) accept")
-    g.add_argument("--timestamp", action="store_true", default=None,
-                   help='add "@timestamp": when the line was read, ISO 8601 UTC, ms')
-    g.add_argument("-f", "--field", action="append", metavar="KEY=VALUE",
-                   help="add a static string field (repeatable)")
-    g.add_argument("--event-id", action="store_true", default=None,
-                   help='add "@metadata":{"_id":"RUN-SEQ"} to each event, the same in '
-                   "a replayed copy (Logstash: document_id => \"%%{[@metadata][_id]}\")")
-
-
-def _structured_options(g):
-    g.add_argument("--json", action="store_true", default=None,
-                   help="a line that is a JSON object is merged into the event; any other "
-                   'line is sent as text with "@json_error" and the tag _jsonparsefailure')
-    g.add_argument("--json-target", metavar="KEY",
-                   help="--json: put the object's fields under KEY, not at the root")
-    g.add_argument("--json-message-key", metavar="KEY",
-                   help='--json: the string value of KEY becomes "message"')
-    g.add_argument("--json-overwrite", action="store_true", default=None,
-                   help="--json: the line's keys win over zmqpush's own (type, @pid, host, "
-                   "@timestamp, -f fields, @metadata._id)")
-    g.add_argument("--journal", action="store_true", default=None,
-                   help="lines are `journalctl -o json --all` entries: MESSAGE, the time, "
-                   "priority, identifier, unit, pid and host become fields, __CURSOR the "
-                   "event id")
-
-
-def _reporting_options(g):
-    g.add_argument("--stats", type=_seconds(0.1, MAX_SECONDS, off=True), metavar="SECONDS",
-                   help=f"print the counters on stderr every SECONDS (0.1 to {MAX_SECONDS})")
-    g.add_argument("--stats-format", choices=("text", "json"),
-                   help="--stats and SIGUSR1 line format (default text)")
-    g.add_argument("--progress", action="store_true", default=None,
-                   help="a self-updating status line, only when stderr is a terminal")
-    g.add_argument("-q", "--quiet", action="store_true", default=None,
-                   help="no connection events; errors, the closing line and what "
-                   "you asked for (--stats, SIGUSR1) still print")
-    g.add_argument("--metrics-file", type=_directory, metavar="PATH",
-                   help="write the counters to PATH in the Prometheus text format "
-                   "(node_exporter's textfile collector), at most every "
-                   f"{PUBLISH_SECONDS:g} s while they change; removed at exit 0; "
-                   f"{PID_PLACEHOLDER} in PATH: the process id (also a label then)")
-    g.add_argument("--metrics-listen", type=_listen_address, metavar="HOST:PORT",
-                   help="serve GET /metrics (the same text) and GET /healthz (503 once "
-                   f"events waited {DEFAULT_STALL_SECONDS:g} s, or ?stall=SECONDS, with "
-                   "none sent) over HTTP on HOST:PORT")
-    g.add_argument("--metrics-name", metavar="NAME",
-                   help='the "name" label of every metric (default: none)')
-
-
-def _rsyslog_options(g):
-    g.add_argument("--confirm", action="store_true", default=None,
-                   help='omprog confirmMessages mode: print "OK" when ready, '
-                   "then one reply line per line read")
-    g.add_argument("--confirm-timeout", type=_seconds(), metavar="SECONDS",
-                   help="--confirm: how long a line may wait for ZeroMQ before it is "
-                   f"refused; 0: only what ZeroMQ takes at once "
-                   f"(default {DEFAULT_CONFIRM_TIMEOUT:g})")
-
-
-def _security_options(g):
-    g.add_argument("--curve-server-cert", metavar="FILE",
-                   help="encrypt with CURVE and authenticate the receiver: its public "
-                   "certificate (ZPL, as czmq and pyzmq write it); with --connect")
-    g.add_argument("--curve-cert", metavar="FILE",
-                   help="our own CURVE key pair: a certificate with its secret key "
-                   "(FILE, or FILE_secret as czmq's zcert_load finds it); connecting: "
-                   "the client's (left out: a new key pair each run), binding: the server's")
-    g.add_argument("--curve-clients", metavar="DIR",
-                   help="--bind with --curve-cert: admit only clients whose public "
-                   "certificate is in DIR (czmq's clientcertpath); others are refused "
-                   "and counted")
-    g.add_argument("--allow", action="append", metavar="CIDR",
-                   help="--bind: admit peers only from these addresses (repeatable, e.g. "
-                   "10.0.0.0/8 or 192.0.2.7); others are refused and counted")
-    g.add_argument("--make-cert", action=_MakeCertAction, metavar="PATH",
-                   help="write a new key pair to PATH.key (public) and PATH.key_secret "
-                   "(mode 600), print the public key, and exit (no environment twin)")
-
-
 def _listen_address(text: str) -> tuple:
     """--metrics-listen: HOST:PORT or [IPV6]:PORT, as (host, port)."""
     host, sep, port = text.rpartition(":")
@@ -568,23 +427,6 @@ def _spool_sync(text: str) -> float:
 
 _sync_seconds = _seconds(0.001, MAX_SECONDS)
 _spool_sync.__name__ = '"write", "never" or ' + _sync_seconds.__name__
-
-
-def _spool_options(g):
-    g.add_argument("--spool", type=_directory, metavar="DIR",
-                   help="keep every line read in a disk spool in DIR (created if "
-                   "missing) until it is sent: input never waits for a receiver "
-                   "while the spool has room, and a new run on DIR sends what a "
-                   "crashed or stopped one left, first (README \"Outages\")")
-    g.add_argument("--spool-bytes", type=_integer(MIN_SPOOL_BYTES, MAX_SPOOL_BYTES),
-                   metavar="N",
-                   help="most disk the spool uses; when it is full, --when-full "
-                   f"applies (default {DEFAULT_SPOOL_BYTES}, at least {MIN_SPOOL_BYTES})")
-    g.add_argument("--spool-sync", type=_spool_sync, metavar="WHEN",
-                   help='flush the spool to the disk after every "write", every '
-                   'SECONDS, or "never" (the OS decides); every choice survives a '
-                   "crash of zmqpush, power loss loses at most what was not flushed "
-                   f"(default {DEFAULT_SPOOL_SYNC:g})")
 
 
 def _presets(text: str) -> tuple:
@@ -730,33 +572,396 @@ def _subpatterns(av, subpattern: type) -> list:
     return []
 
 
-def _multiline_options(g):
-    g.add_argument("--multiline", type=_presets, metavar="PRESETS",
-                   help="join the lines of one stack trace into one event, as the "
-                   "runtimes print them: a comma-separated list of "
-                   f"{', '.join(MULTILINE_PRESETS)} (README \"Multi-line events\")")
-    g.add_argument("--multiline-pattern", type=_pattern, metavar="RE",
-                   help="join lines by a Python regular expression instead (Filebeat's "
-                   "rule): a line it matches (in its first "
-                   f"{MULTILINE_MATCH_BYTES} bytes) continues the event before it")
-    g.add_argument("--multiline-negate", action="store_true", default=None,
-                   help="--multiline-pattern: a line it does NOT match continues")
-    g.add_argument("--multiline-match", choices=("after", "before"),
-                   help="--multiline-pattern: continuing lines join the event before "
-                   "them (after, default) or the line after them (before)")
-    g.add_argument("--multiline-max-lines", type=_integer(2), metavar="N",
-                   help="an event of more lines is cut, its first part marked "
-                   f'"@continues":true (default {DEFAULT_MULTILINE_MAX_LINES})')
-    g.add_argument("--multiline-max-bytes", type=_integer(MIN_MAX_LINE_BYTES), metavar="N",
-                   help="an event of more bytes is cut alike (default and at most "
-                   "--max-line-bytes)")
-    g.add_argument("--multiline-timeout", type=_seconds(0.01, MAX_SECONDS), metavar="SECONDS",
-                   help="send an unfinished event after SECONDS without a new line "
-                   f"(default {DEFAULT_MULTILINE_TIMEOUT:g})")
-    g.add_argument("--multiline-source", type=_source_keys, metavar="KEY[,KEY...]",
-                   help="--json, --journal: join only lines whose KEYs have the same "
-                   "values (default --journal: " + ",".join(JOURNAL_SOURCE_KEYS)
-                   + "; --json: all objects one source)")
+class Option(NamedTuple):
+    """One entry of the option table: it makes the argparse option, its
+    ZMQPUSH_* twin, its default for Config and its simple cross-checks.
+
+    kind: "value" (takes one value, parse(text) converts it), "switch" (an
+    on/off flag; its twin takes 1/true/yes/on or 0/false/no/off), "list"
+    (repeatable; its twin a comma or space separated list), "positional" or
+    "exit" (acts and exits, no twin).  needs: groups of options, one of each
+    group must be given too ("X needs A or B").  conflicts: (option, why)
+    pairs, an option written "--name" or "--name VALUE", that it cannot be
+    combined with.  common: --help shows it (--help-all shows every option)."""
+
+    flags: tuple
+    help: str
+    metavar: str | None = None
+    parse: Callable | None = None  # argparse's type: text -> value, ValueError if bad
+    choices: tuple | None = None
+    kind: str = "value"
+    default: object = None  # what the run takes when the option is not given
+    needs: tuple = ()
+    conflicts: tuple = ()
+    common: bool = False
+
+    @property
+    def dest(self) -> str:
+        """The option's key in the parsed options (argparse's dest)."""
+        return option_dest(self.flags[-1])
+
+    @property
+    def twin(self) -> str | None:
+        """Its environment variable, None for an option that acts and exits."""
+        return None if self.kind == "exit" else "ZMQPUSH_" + self.dest.upper()
+
+
+def option_dest(flag: str) -> str:
+    """The dest of a long option (or a positional's name): --max-line-bytes is max_line_bytes."""
+    return flag.lstrip("-").replace("-", "_").lower()
+
+
+MULTILINE_NEEDED = ("--multiline", "--multiline-pattern")
+
+# The options, grouped by concern as --help-all shows them (README "Usage").
+OPTION_GROUPS = (
+    ("connection", (
+        Option(("-c", "--connect"), kind="list", metavar="ENDPOINT", common=True,
+               help="connect to ENDPOINT (repeatable: round-robin over all); "
+               f"default {DEFAULT_ENDPOINT}"),
+        Option(("--bind",), kind="list", metavar="ENDPOINT", common=True,
+               help='bind ENDPOINT instead (Logstash input mode => "client")'),
+        Option(("--heartbeat",), parse=_seconds(*HEARTBEAT_RANGE, off=True),
+               metavar="SECONDS",
+               help="ZeroMQ heartbeat interval, 1 to 3600; a peer silent for 3 "
+               "intervals is dropped and reconnected (default 0: off)"),
+    )),
+    ("delivery and flow control", (
+        Option(("--linger",), parse=_seconds(), metavar="SECONDS", default=DEFAULT_LINGER,
+               common=True,
+               help="at end of input, wait at most this long for delivery; 0: do "
+               "not wait (exit 3 if anything was read) (default "
+               f"{DEFAULT_LINGER:g}, below rsyslog's closeTimeout of 5; at most "
+               f"{MAX_SECONDS})"),
+        Option(("--replay-bytes",), parse=_integer(0), metavar="N",
+               help="replay window: after a receiver goes away, send again what "
+               "may have been in flight to it, up to N bytes of the newest "
+               f"messages (default {DEFAULT_REPLAY_BYTES}; 0: off, at most once)"),
+        Option(("--queue-bytes",), parse=_integer(1), metavar="N",
+               default=DEFAULT_QUEUE_BYTES,
+               help="bound of the queue between reader and sender, in bytes of "
+               f"encoded JSON (default {DEFAULT_QUEUE_BYTES})"),
+        Option(("--when-full",), choices=("block", "drop"), default="block",
+               help="queue full: block the producer (default) or drop, count and "
+               "exit 3; only for inputs that can be polled (pipes, sockets, terminals)"),
+        Option(("--memory-bytes",), parse=_integer(1), metavar="N",
+               default=DEFAULT_MEMORY_BYTES,
+               help="refuse settings whose worst-case memory (queue, replay window, "
+               "ZeroMQ, line and read sizes: README formula) exceeds N (default "
+               f"{DEFAULT_MEMORY_BYTES})"),
+        Option(("--sndhwm",), parse=_integer(1, MAX_SNDHWM), metavar="N",
+               help="ZeroMQ send high-water mark in messages per receiver (default "
+               f"{DEFAULT_SNDHWM}; in default mode ZeroMQ also holds at most about "
+               f"{PIPE_BYTES >> 20} MiB; with --batch, derived from the array size; "
+               f"with --confirm, a --confirm-timeout over 0 and no --spool, "
+               f"{CONFIRM_SNDHWM})"),
+        Option(("--write-buffer-limits",), parse=_buffer_limits, metavar="HIGH[,LOW]",
+               default=DEFAULT_WRITE_LIMITS,
+               help="aiozmq transport watermarks in bytes (default "
+               f"{DEFAULT_WRITE_LIMITS[0]},{DEFAULT_WRITE_LIMITS[1]}; "
+               "LOW left out: HIGH/4)"),
+    )),
+    ("input handling", (
+        Option(("--max-line-bytes",), parse=_integer(MIN_MAX_LINE_BYTES), metavar="N",
+               default=DEFAULT_MAX_LINE_BYTES,
+               help="longer lines are split into messages marked "
+               f'"@continues":true (at least {MIN_MAX_LINE_BYTES}, '
+               f"default {DEFAULT_MAX_LINE_BYTES})"),
+        Option(("--batch",), kind="switch",
+               help="send the lines of each read as JSON arrays, one per message"),
+        Option(("--batch-bytes",), parse=_integer(1, MAX_BATCH_BYTES), metavar="N",
+               default=DEFAULT_READ_BYTES,
+               help=f"read size (default {DEFAULT_READ_BYTES}, at most "
+               f"{MAX_BATCH_BYTES}); arrays are at most N bytes, and with the replay "
+               "window on at most what it covers (8 KiB by default)"),
+        Option(("--coalesce",), parse=_seconds(0, MAX_COALESCE), metavar="SECONDS",
+               default=DEFAULT_COALESCE,
+               help="while lines keep coming, read at most once per SECONDS, taking "
+               "all that came meanwhile in one read; a line after a quiet spell is "
+               f"read at once (default {DEFAULT_COALESCE:g}; 0: read at every line; "
+               f"at most {MAX_COALESCE:g}; --confirm: always 0)"),
+    )),
+    ("fields", (
+        Option(("--host-field",), kind="switch", common=True,
+               conflicts=(("--host-field-ecs", ""),),
+               help='add "host": this host\'s name (Logstash would stamp its own)'),
+        Option(("--host-field-ecs",), kind="switch",
+               help='add "host":{"name": this host\'s name}, the form ECS '
+               "mappings (Logstash 8+ with Elasticsearch) accept"),
+        Option(("--timestamp",), kind="switch", common=True,
+               help='add "@timestamp": when the line was read, ISO 8601 UTC, ms'),
+        Option(("-f", "--field"), kind="list", metavar="KEY=VALUE", default=(), common=True,
+               help="add a static string field (repeatable)"),
+        Option(("--event-id",), kind="switch",
+               help='add "@metadata":{"_id":"RUN-SEQ"} to each event, the same in '
+               "a replayed copy (Logstash: document_id => \"%%{[@metadata][_id]}\")"),
+    )),
+    ("structured logs", (
+        Option(("--json",), kind="switch", common=True,
+               conflicts=(("--journal", "--journal parses JSON"),),
+               help="a line that is a JSON object is merged into the event; any other "
+               'line is sent as text with "@json_error" and the tag _jsonparsefailure'),
+        Option(("--json-target",), metavar="KEY", needs=(("--json",),),
+               help="--json: put the object's fields under KEY, not at the root"),
+        Option(("--json-message-key",), metavar="KEY", needs=(("--json",),),
+               help='--json: the string value of KEY becomes "message"'),
+        Option(("--json-overwrite",), kind="switch", needs=(("--json",),),
+               help="--json: the line's keys win over zmqpush's own (type, @pid, host, "
+               "@timestamp, -f fields, @metadata._id)"),
+        Option(("--journal",), kind="switch", common=True,
+               help="lines are `journalctl -o json --all` entries: MESSAGE, the time, "
+               "priority, identifier, unit, pid and host become fields, __CURSOR the "
+               "event id"),
+    )),
+    ("reporting", (
+        Option(("--stats",), parse=_seconds(0.1, MAX_SECONDS, off=True), metavar="SECONDS",
+               common=True,
+               help=f"print the counters on stderr every SECONDS (0.1 to {MAX_SECONDS})"),
+        Option(("--stats-format",), choices=("text", "json"), default="text",
+               help="--stats and SIGUSR1 line format (default text)"),
+        Option(("--progress",), kind="switch",
+               help="a self-updating status line, only when stderr is a terminal"),
+        Option(("-q", "--quiet"), kind="switch", common=True,
+               help="no connection events; errors, the closing line and what "
+               "you asked for (--stats, SIGUSR1) still print"),
+        Option(("--metrics-file",), parse=_directory, metavar="PATH",
+               help="write the counters to PATH in the Prometheus text format "
+               "(node_exporter's textfile collector), at most every "
+               f"{PUBLISH_SECONDS:g} s while they change; removed at exit 0; "
+               f"{PID_PLACEHOLDER} in PATH: the process id (also a label then)"),
+        Option(("--metrics-listen",), parse=_listen_address, metavar="HOST:PORT",
+               help="serve GET /metrics (the same text) and GET /healthz (503 once "
+               f"events waited {DEFAULT_STALL_SECONDS:g} s, or ?stall=SECONDS, with "
+               "none sent) over HTTP on HOST:PORT"),
+        Option(("--metrics-name",), metavar="NAME", default="",
+               help='the "name" label of every metric (default: none)'),
+    )),
+    ("rsyslog omprog", (
+        Option(("--confirm",), kind="switch", common=True,
+               conflicts=(("--batch", ""),
+                          ("--when-full drop", "every line read needs a reply")),
+               help='omprog confirmMessages mode: print "OK" when ready, '
+               "then one reply line per line read"),
+        Option(("--confirm-timeout",), parse=_seconds(), metavar="SECONDS",
+               default=DEFAULT_CONFIRM_TIMEOUT,
+               help="--confirm: how long a line may wait for ZeroMQ before it is "
+               f"refused; 0: only what ZeroMQ takes at once "
+               f"(default {DEFAULT_CONFIRM_TIMEOUT:g})"),
+    )),
+    ("security", (  # checked together in security_from
+        Option(("--curve-server-cert",), metavar="FILE",
+               help="encrypt with CURVE and authenticate the receiver: its public "
+               "certificate (ZPL, as czmq and pyzmq write it); with --connect"),
+        Option(("--curve-cert",), metavar="FILE",
+               help="our own CURVE key pair: a certificate with its secret key "
+               "(FILE, or FILE_secret as czmq's zcert_load finds it); connecting: "
+               "the client's (left out: a new key pair each run), binding: the server's"),
+        Option(("--curve-clients",), metavar="DIR",
+               help="--bind with --curve-cert: admit only clients whose public "
+               "certificate is in DIR (czmq's clientcertpath); others are refused "
+               "and counted"),
+        Option(("--allow",), kind="list", metavar="CIDR",
+               help="--bind: admit peers only from these addresses (repeatable, e.g. "
+               "10.0.0.0/8 or 192.0.2.7); others are refused and counted"),
+        Option(("--make-cert",), kind="exit", metavar="PATH",
+               help="write a new key pair to PATH.key (public) and PATH.key_secret "
+               "(mode 600), print the public key, and exit (no environment twin)"),
+    )),
+    ("disk spool", (
+        Option(("--spool",), parse=_directory, metavar="DIR", common=True,
+               help="keep every line read in a disk spool in DIR (created if "
+               "missing) until it is sent: input never waits for a receiver "
+               "while the spool has room, and a new run on DIR sends what a "
+               "crashed or stopped one left, first (README \"Outages\")"),
+        Option(("--spool-bytes",), parse=_integer(MIN_SPOOL_BYTES, MAX_SPOOL_BYTES),
+               metavar="N", default=DEFAULT_SPOOL_BYTES,
+               help="most disk the spool uses; when it is full, --when-full "
+               f"applies (default {DEFAULT_SPOOL_BYTES}, at least {MIN_SPOOL_BYTES})"),
+        Option(("--spool-sync",), parse=_spool_sync, metavar="WHEN",
+               default=DEFAULT_SPOOL_SYNC,
+               help='flush the spool to the disk after every "write", every '
+               'SECONDS, or "never" (the OS decides); every choice survives a '
+               "crash of zmqpush, power loss loses at most what was not flushed "
+               f"(default {DEFAULT_SPOOL_SYNC:g})"),
+    )),
+    ("multi-line events", (
+        Option(("--multiline",), parse=_presets, metavar="PRESETS", default=(), common=True,
+               conflicts=(("--multiline-pattern", ""),),
+               help="join the lines of one stack trace into one event, as the "
+               "runtimes print them: a comma-separated list of "
+               f"{', '.join(MULTILINE_PRESETS)} (README \"Multi-line events\")"),
+        Option(("--multiline-pattern",), parse=_pattern, metavar="RE",
+               help="join lines by a Python regular expression instead (Filebeat's "
+               "rule): a line it matches (in its first "
+               f"{MULTILINE_MATCH_BYTES} bytes) continues the event before it"),
+        Option(("--multiline-negate",), kind="switch", needs=(("--multiline-pattern",),),
+               help="--multiline-pattern: a line it does NOT match continues"),
+        Option(("--multiline-match",), choices=("after", "before"), default="after",
+               needs=(("--multiline-pattern",),),
+               help="--multiline-pattern: continuing lines join the event before "
+               "them (after, default) or the line after them (before)"),
+        Option(("--multiline-max-lines",), parse=_integer(2), metavar="N",
+               default=DEFAULT_MULTILINE_MAX_LINES, needs=(MULTILINE_NEEDED,),
+               help="an event of more lines is cut, its first part marked "
+               f'"@continues":true (default {DEFAULT_MULTILINE_MAX_LINES})'),
+        Option(("--multiline-max-bytes",), parse=_integer(MIN_MAX_LINE_BYTES), metavar="N",
+               needs=(MULTILINE_NEEDED,),
+               help="an event of more bytes is cut alike (default and at most "
+               "--max-line-bytes)"),
+        Option(("--multiline-timeout",), parse=_seconds(0.01, MAX_SECONDS), metavar="SECONDS",
+               default=DEFAULT_MULTILINE_TIMEOUT, needs=(MULTILINE_NEEDED,),
+               help="send an unfinished event after SECONDS without a new line "
+               f"(default {DEFAULT_MULTILINE_TIMEOUT:g})"),
+        Option(("--multiline-source",), parse=_source_keys, metavar="KEY[,KEY...]",
+               needs=(MULTILINE_NEEDED, ("--json", "--journal")),
+               help="--json, --journal: join only lines whose KEYs have the same "
+               "values (default --journal: " + ",".join(JOURNAL_SOURCE_KEYS)
+               + "; --json: all objects one source)"),
+    )),
+)
+
+
+LOGTYPE = Option(("logtype",), kind="positional", metavar="LOGTYPE", default="syslog",
+                 common=True, help='the "type" field (default: syslog)')
+OPTIONS = (LOGTYPE, *(option for _, options in OPTION_GROUPS for option in options))
+
+DESCRIPTION = """\
+Read lines on stdin and push each as JSON
+{"message":LINE,"type":LOGTYPE,"@pid":PID} over a ZeroMQ PUSH socket
+to a Logstash zeromq input. Diagnostics go to stderr; stdout is used
+only by --confirm."""
+
+BRIEF_EPILOG = """\
+examples:
+  tail -F /var/log/app.log | zmqpush.py app
+  seq 1 100 | zmqpush.py -c tcp://logstash.example:2120 --batch test
+
+Every option, its ZMQPUSH_* environment variable, rsyslog's configuration
+and the exit codes: {prog} --help-all (README "Usage")."""
+
+
+class _HelpAction(argparse.Action):
+    """-h/--help: the usage, the options most users need and where the rest
+    is; --help-all (everything=True): every option, examples and exit codes."""
+
+    def __init__(self, option_strings, dest, everything: bool = False, help=None):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                         nargs=0, help=help)
+        self.everything = everything
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.exit(write_stdout(parser.format_help(everything=self.everything)))
+
+
+def build_parser(prog: str = "zmqpush.py", structured: bool = True) -> argparse.ArgumentParser:
+    """The CLI made from the option table, its options grouped by concern;
+    shared with zmqpush-watermark.py, which leaves out the structured logs
+    options (its own --json is its output).  The parser's `options` are the
+    table entries it holds."""
+    p = _Parser(prog=prog, usage=f"{prog} [OPTION...] [LOGTYPE]", description=DESCRIPTION,
+                epilog=HELP_EPILOG, formatter_class=_HelpFormatter, add_help=False)
+    p.add_argument("-h", "--help", action=_HelpAction,
+                   help="show the options most users need and exit")
+    p.add_argument("--help-all", action=_HelpAction, everything=True,
+                   help="show every option, examples and exit codes, and exit")
+    p.add_argument("--version", action="version", version=f"zmqpush {__version__}")
+    _add_option(p, LOGTYPE)
+    p.options = (LOGTYPE,)
+    for title, options in OPTION_GROUPS:
+        if structured or title != "structured logs":
+            group = p.add_argument_group(title)
+            for option in options:
+                _add_option(group, option)
+            p.options += options
+    return p
+
+
+def _add_option(group, option: Option):
+    """option as an argparse argument of group (a parser or one of its groups)."""
+    if option.kind == "positional":
+        group.add_argument(option.dest, nargs="?", metavar=option.metavar, help=option.help)
+    elif option.kind == "switch":
+        group.add_argument(*option.flags, action="store_true", default=None, help=option.help)
+    elif option.kind == "exit":  # --make-cert, the one option that acts and exits
+        group.add_argument(*option.flags, action=_MakeCertAction, metavar=option.metavar,
+                           help=option.help)
+    else:
+        group.add_argument(*option.flags, action="append" if option.kind == "list" else "store",
+                           type=option.parse, choices=option.choices, metavar=option.metavar,
+                           help=option.help)
+
+
+def given_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  environ) -> dict:
+    """Each table option of the parser (by dest) as the command line gave it,
+    else as its ZMQPUSH_* twin in environ did, else None."""
+    given = {}
+    for option in parser.options:
+        if option.twin is not None:
+            value = getattr(args, option.dest)
+            given[option.dest] = value if value is not None else twin_value(option, environ)
+    return given
+
+
+def twin_value(option: Option, environ):
+    """The value of option's ZMQPUSH_* twin in environ, converted as the option
+    would convert it, or None if it is not set.  UsageError, naming the
+    variable, if the value is not UTF-8 or not valid."""
+    name = option.twin
+    text = environ.get(name)
+    if text is None:
+        return None
+    utf8(text, name)
+    try:
+        if option.kind == "switch":
+            value = _switch(text)
+        elif option.kind == "list":
+            value = [v for v in re.split(r"[\s,]+", text) if v]
+        else:
+            value = option.parse(text) if option.parse else text
+    except ValueError:
+        expected = getattr(option.parse, "__name__", "")
+        raise UsageError(f"{name}: invalid value {text!r}"
+                         + (f" (expected {expected})" if expected else "")) from None
+    if option.choices and value not in option.choices:
+        raise UsageError(f"{name}: {text!r} is not one of {', '.join(option.choices)}")
+    return value
+
+
+def _is_given(value) -> bool:
+    """True for an option's value that was given: set, and not a switch set off."""
+    return value is not None and value is not False
+
+
+def _given_as(opt: dict, spec: str) -> bool:
+    """True if the option of spec ("--name" or "--name VALUE") was given (with VALUE)."""
+    flag, _, wanted = spec.partition(" ")
+    value = opt.get(option_dest(flag))
+    return _is_given(value) and (not wanted or value == wanted)
+
+
+def check_combinations(options: tuple, opt: dict):
+    """UsageError for the first given option, in table order, without one of
+    each group of options it needs, or with an option it cannot be combined
+    with (the table's needs and conflicts)."""
+    for option in options:
+        if not _is_given(opt.get(option.dest)):
+            continue
+        name = option.flags[-1]
+        for alternatives in option.needs:
+            if not any(_given_as(opt, spec) for spec in alternatives):
+                raise UsageError(f"{name} needs {' or '.join(alternatives)}")
+        for spec, why in option.conflicts:
+            if _given_as(opt, spec):
+                raise UsageError(f"{name} and {spec} cannot be combined"
+                                 + (f" ({why})" if why else ""))
+
+
+def with_defaults(options: tuple, opt: dict) -> dict:
+    """opt with every option not given set to its table default (off for a switch)."""
+    return {option.dest: opt[option.dest] if opt[option.dest] is not None
+            else False if option.kind == "switch" else option.default
+            for option in options if option.dest in opt}
 
 
 class Multiline(NamedTuple):
@@ -774,71 +979,32 @@ class Multiline(NamedTuple):
 
 
 def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
-    """The --multiline* options checked, or None when neither --multiline nor
-    --multiline-pattern is given.  UsageError for options that need those,
-    for both at once, a cap over --max-line-bytes, --multiline-source without
-    --json or --journal, and --confirm with those (README "Multi-line events").
-    sources is None for lines joined as they come, else the keys of
-    --multiline-source or their default."""
+    """The --multiline* options (opt: with the table's defaults, its needs and
+    conflicts checked), or None when neither --multiline nor
+    --multiline-pattern is given.  UsageError for a cap over
+    --max-line-bytes, a key that is not UTF-8, and --confirm with --json or
+    --journal (README "Multi-line events").  sources is None for lines
+    joined as they come, else the keys of --multiline-source or their default."""
     if not opt["multiline"] and opt["multiline_pattern"] is None:
-        for name in ("multiline_negate", "multiline_match", "multiline_max_lines",
-                     "multiline_max_bytes", "multiline_timeout", "multiline_source"):
-            if opt[name] is not None:
-                raise UsageError(f"--{name.replace('_', '-')} needs --multiline or "
-                                 "--multiline-pattern")
         return None
-    if opt["multiline"] and opt["multiline_pattern"] is not None:
-        raise UsageError("--multiline and --multiline-pattern cannot be combined")
-    if opt["multiline"] and (opt["multiline_negate"] or opt["multiline_match"]):
-        raise UsageError("--multiline-negate and --multiline-match need --multiline-pattern")
     max_bytes = opt["multiline_max_bytes"] or max_line_bytes
     if max_bytes > max_line_bytes:
         raise UsageError(f"--multiline-max-bytes {max_bytes} is over --max-line-bytes "
                          f"{max_line_bytes}: raise --max-line-bytes too")
     structured = bool(opt.get("json") or opt.get("journal"))
-    if opt["multiline_source"] is not None and not structured:
-        raise UsageError("--multiline-source needs --json or --journal")
     for key in opt["multiline_source"] or ():
         utf8(key, "--multiline-source")
     if opt["confirm"] and structured:
         raise UsageError("--multiline with --json or --journal and --confirm: not yet "
                          "(README \"Multi-line events\")")
     return Multiline(
-        presets=opt["multiline"] or (), pattern=opt["multiline_pattern"],
-        negate=bool(opt["multiline_negate"]), after=opt["multiline_match"] != "before",
-        max_lines=opt["multiline_max_lines"] or DEFAULT_MULTILINE_MAX_LINES,
+        presets=opt["multiline"], pattern=opt["multiline_pattern"],
+        negate=opt["multiline_negate"], after=opt["multiline_match"] != "before",
+        max_lines=opt["multiline_max_lines"],
         max_bytes=max_bytes,
-        timeout=opt["multiline_timeout"] or DEFAULT_MULTILINE_TIMEOUT,
+        timeout=opt["multiline_timeout"],
         sources=None if not structured else opt["multiline_source"] or (
             JOURNAL_SOURCE_KEYS if opt.get("journal") else ()))
-
-
-def _environment_defaults(parser: argparse.ArgumentParser, environ) -> dict:
-    """ZMQPUSH_<DEST> values converted as their option would convert them."""
-    defaults = {}
-    for action in parser._actions:
-        text = environ.get("ZMQPUSH_" + action.dest.upper())
-        if text is None or action.dest in ("help", "version", "make_cert"):
-            continue
-        name = "ZMQPUSH_" + action.dest.upper()
-        utf8(text, name)
-        try:
-            if action.nargs == 0:
-                value = _switch(text)
-            elif isinstance(action, argparse._AppendAction):
-                value = [v for v in re.split(r"[\s,]+", text) if v]
-            elif action.type is not None:
-                value = action.type(text)
-            else:
-                value = text
-        except ValueError:
-            expected = getattr(action.type, "__name__", "")
-            raise UsageError(f"{name}: invalid value {text!r}"
-                             + (f" (expected {expected})" if expected else "")) from None
-        if action.choices and value not in action.choices:
-            raise UsageError(f"{name}: {text!r} is not one of {', '.join(action.choices)}")
-        defaults[action.dest] = value
-    return defaults
 
 
 # Keys zmqpush writes itself, or that Logstash gives a meaning: "@metadata" must
@@ -863,10 +1029,8 @@ def utf8(text: str, what: str) -> bytes:
 def extra_fields(specs: list, host_field: bool, host_field_ecs: bool = False) -> tuple:
     """(key, value) pairs from --host-field or --host-field-ecs, then -f KEY=VALUE,
     as UTF-8 bytes; a value is a string, or {b"name": hostname} for
-    --host-field-ecs.  UsageError if both host options are given, a spec has no
-    "=", is not valid UTF-8, or its key is refused by check_field_key."""
-    if host_field and host_field_ecs:
-        raise UsageError("--host-field and --host-field-ecs cannot be combined")
+    --host-field-ecs (the option table refuses both).  UsageError if a spec has
+    no "=", is not valid UTF-8, or its key is refused by check_field_key."""
     fields = []
     if host_field or host_field_ecs:
         name = utf8(socket.gethostname(), "this host's name")
@@ -916,28 +1080,25 @@ def parse_options(argv=None, environ=None) -> Config:
 
 def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                      environ=None) -> Config:
-    """Merge parsed args over ZMQPUSH_* variables and validate; UsageError if bad."""
-    env = _environment_defaults(parser, os.environ if environ is None else environ)
-    opt = {action.dest: (getattr(args, action.dest) if getattr(args, action.dest, None)
-                         is not None else env.get(action.dest))
-           for action in parser._actions}
+    """Merge parsed args over ZMQPUSH_* variables and validate; UsageError if bad.
+    opt holds what was given (None: not given, which fit_memory and
+    security_from tell apart from a value), setting the same with the table's
+    defaults."""
+    opt = given_options(parser, args, os.environ if environ is None else environ)
     connect = [check_endpoint(e, connecting=True) for e in opt["connect"] or []]
     bind = [check_endpoint(e) for e in opt["bind"] or []]
     if not connect and not bind:
         connect = [DEFAULT_ENDPOINT]
-    if opt["confirm"] and opt["batch"]:
-        raise UsageError("--confirm and --batch cannot be combined")
-    if opt["confirm"] and opt["when_full"] == "drop":
-        raise UsageError("--confirm and --when-full drop cannot be combined "
-                         "(every line read needs a reply)")
-    high, low = opt["write_buffer_limits"] or DEFAULT_WRITE_LIMITS
-    batch_bytes = opt["batch_bytes"] or DEFAULT_READ_BYTES
-    spool_bytes = opt["spool_bytes"] or DEFAULT_SPOOL_BYTES
+    check_combinations(parser.options, opt)
+    setting = with_defaults(parser.options, opt)
+    high, low = setting["write_buffer_limits"]
+    batch_bytes = setting["batch_bytes"]
+    spool_bytes = setting["spool_bytes"]
     replay_bytes = replay_default(opt, spool_bytes)
     zmq_bytes = REPLAY_BATCH_ZMQ_BYTES if replay_bytes else BATCH_ZMQ_BYTES
-    queue_bytes = opt["queue_bytes"] or DEFAULT_QUEUE_BYTES
-    max_line_bytes = opt["max_line_bytes"] or DEFAULT_MAX_LINE_BYTES
-    multiline = multiline_from(opt, max_line_bytes)
+    queue_bytes = setting["queue_bytes"]
+    max_line_bytes = setting["max_line_bytes"]
+    multiline = multiline_from(setting, max_line_bytes)
     queue_bytes, held_replay = fit_memory(
         opt, queue_bytes, 0 if opt["spool"] else replay_bytes,
         zmq_bytes=zmq_queue_bytes(bool(opt["batch"]), bool(replay_bytes)),
@@ -956,41 +1117,38 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                       else CONFIRM_SNDHWM if opt["confirm"] and not opt["spool"]
                       and opt["confirm_timeout"] != 0 else DEFAULT_SNDHWM)
     return Config(
-        logtype=utf8(opt["logtype"] if opt["logtype"] is not None else "syslog", "LOGTYPE"),
+        logtype=utf8(setting["logtype"], "LOGTYPE"),
         connect=connect, bind=bind,
-        linger=DEFAULT_LINGER if opt["linger"] is None else opt["linger"],
+        linger=setting["linger"],
         sndhwm=opt["sndhwm"] or default_sndhwm,
         write_high=high, write_low=low,
         queue_bytes=queue_bytes,
         max_line_bytes=max_line_bytes,
-        batch=bool(opt["batch"]),
+        batch=setting["batch"],
         batch_bytes=batch_bytes,
-        when_full=opt["when_full"] or "block",
-        heartbeat=opt["heartbeat"] or None,
-        confirm=bool(opt["confirm"]),
-        confirm_timeout=(DEFAULT_CONFIRM_TIMEOUT if opt["confirm_timeout"] is None
-                         else opt["confirm_timeout"]),
-        quiet=bool(opt["quiet"]),
-        fields=extra_fields(opt["field"] or [], bool(opt["host_field"]),
-                            bool(opt["host_field_ecs"])),
-        timestamp=bool(opt["timestamp"]),
-        stats=opt["stats"] or None,
-        stats_format=opt["stats_format"] or "text",
-        progress=bool(opt["progress"]),
+        when_full=setting["when_full"],
+        heartbeat=setting["heartbeat"] or None,
+        confirm=setting["confirm"],
+        confirm_timeout=setting["confirm_timeout"],
+        quiet=setting["quiet"],
+        fields=extra_fields(setting["field"], setting["host_field"], setting["host_field_ecs"]),
+        timestamp=setting["timestamp"],
+        stats=setting["stats"] or None,
+        stats_format=setting["stats_format"],
+        progress=setting["progress"],
         replay_bytes=replay_bytes,
-        event_ids=bool(opt["event_id"]),
+        event_ids=setting["event_id"],
         array_bytes=array_bytes,
         security=security_from(opt, connect, bind),
-        spool=opt["spool"] or None,
+        spool=setting["spool"],
         spool_bytes=spool_bytes,
-        spool_sync=DEFAULT_SPOOL_SYNC if opt["spool_sync"] is None else opt["spool_sync"],
-        coalesce=0.0 if opt["confirm"] else (
-            DEFAULT_COALESCE if opt["coalesce"] is None else opt["coalesce"]),
-        metrics_file=check_metrics_file(opt["metrics_file"]),
-        metrics_name=utf8(opt["metrics_name"] or "", "--metrics-name").decode("utf-8"),
-        metrics_listen=opt["metrics_listen"],
+        spool_sync=setting["spool_sync"],
+        coalesce=0.0 if setting["confirm"] else setting["coalesce"],
+        metrics_file=check_metrics_file(setting["metrics_file"]),
+        metrics_name=utf8(setting["metrics_name"], "--metrics-name").decode("utf-8"),
+        metrics_listen=setting["metrics_listen"],
         multiline=multiline,
-        **structured_options(opt),
+        **structured_options(setting),
     )
 
 
@@ -1028,20 +1186,16 @@ def check_metrics_file(path: str | None) -> str | None:
 
 
 def structured_options(opt: dict) -> dict:
-    """The Config fields of --json, --journal and their options; UsageError if
-    they do not fit together or a key cannot be used."""
+    """The Config fields of --json, --journal and their options (opt: with the
+    table's defaults, its needs and conflicts checked); UsageError if a key
+    cannot be used."""
     if "journal" not in opt:  # a parser without these options (zmqpush-watermark.py)
         return {}
     structured = "journal" if opt["journal"] else "json" if opt["json"] else None
-    if opt["journal"] and opt["json"]:
-        raise UsageError("--json and --journal cannot be combined (--journal parses JSON)")
-    for name in ("json_target", "json_message_key", "json_overwrite"):
-        if opt[name] and structured != "json":
-            raise UsageError(f"--{name.replace('_', '-')} needs --json")
     target = opt["json_target"]
     if target is not None:
         if not target or target in RESERVED_FIELDS or target in (
-                spec.partition("=")[0] for spec in opt["field"] or []):
+                spec.partition("=")[0] for spec in opt["field"]):
             raise UsageError(f"--json-target {target!r}: give a key no -f field uses "
                              "and zmqpush does not write")
         check_field_key(target, [])
@@ -1052,7 +1206,7 @@ def structured_options(opt: dict) -> dict:
     if key is not None:
         utf8(key, "--json-message-key")
     return {"structured": structured, "json_target": target, "json_message_key": key,
-            "json_overwrite": bool(opt["json_overwrite"])}
+            "json_overwrite": opt["json_overwrite"]}
 
 
 def replay_default(opt: dict, spool_bytes: int) -> int:

@@ -338,8 +338,8 @@ def test_the_command_line_wins_over_the_environment(receiver):
     assert b"within --linger 0.3s" in lingered.stderr
 
 
-def test_help_groups_the_options_by_concern():
-    text = run(["--help"], b"").stdout.decode()
+def test_help_all_groups_the_options_by_concern():
+    text = run(["--help-all"], b"").stdout.decode()
     groups = {"connection:": ["--connect", "--bind", "--heartbeat"],
               "delivery and flow control:": ["--linger", "--replay-bytes", "--queue-bytes",
                                              "--when-full", "--sndhwm"],

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, ZMQPUSH
 
 READMES = ("README.md", "bench/README.md", "tests/README.md")
-NO_ENVIRONMENT_TWIN = {"--help", "--version", "--make-cert"}
+NO_ENVIRONMENT_TWIN = {"--help", "--help-all", "--version", "--make-cert"}
 
 
 def github_slug(heading: str) -> str:
@@ -77,8 +77,8 @@ def test_slugs_follow_github():
 
 
 def help_options() -> set:
-    """Long options that the installed command's --help lists."""
-    result = subprocess.run([sys.executable, ZMQPUSH, "--help"], capture_output=True,
+    """Long options that the installed command's --help-all lists."""
+    result = subprocess.run([sys.executable, ZMQPUSH, "--help-all"], capture_output=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
     options = set()
