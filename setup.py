@@ -84,8 +84,10 @@ setup(
     # Lower bounds are the versions the test suite runs against (.ci/run).
     install_requires=["pyzmq>=27.0", "aiozmq>=1.0.0", "uvloop>=0.21"],
     # bench: bench/paced.py --chart draws with matplotlib; test: tests/test_service.py
-    # parses --metrics-file with prometheus_client's parser (never runtime dependencies)
-    extras_require={"test": ["pytest>=8", "hypothesis>=6.100", "prometheus_client"],
+    # parses --metrics-file with prometheus_client's parser, pytest-xdist runs the tests
+    # in parallel (tests/pytest.ini) (never runtime dependencies)
+    extras_require={"test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
+                             "prometheus_client"],
                     "bench": ["matplotlib"]},
     classifiers=[
         "Programming Language :: Python :: 3",

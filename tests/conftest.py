@@ -5,6 +5,7 @@ pytest (README "Development": `.venv/bin/python -m pytest`), run as a user runs 
 by path, through their own #! line.  A session whose installed zmqpush is not this
 checkout's stops before any test, saying how to install it.
 """
+import fcntl
 import json
 import os
 import signal
@@ -48,6 +49,91 @@ def pytest_sessionstart(session):
     if why:
         pytest.exit(f"{why}: run '{sys.executable} -m pip install .' in {ROOT} first",
                     returncode=4)
+
+
+def run_lock_directory(tmp_path_factory) -> Path:
+    """A directory every worker of this pytest run shares (xdist gives each worker its
+    own basetemp under one per-run directory; without xdist, the basetemp itself), or
+    $ZMQPUSH_TESTS_LOCKS, which pytest runs side by side share (.ci/run)."""
+    if os.environ.get("ZMQPUSH_TESTS_LOCKS"):
+        return Path(os.environ["ZMQPUSH_TESTS_LOCKS"])
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+class RunLock:
+    """The lock every test of a run holds: shared, or exclusive for those marked `alone`,
+    which thus run while no other test of this run runs.  The gate, taken briefly by
+    every test and held by an `alone` one until it has the lock, keeps new tests from
+    starting while an `alone` one waits (flock alone would let shared holders starve
+    it).  Consecutive `alone` tests keep the exclusive lock: the other workers wait
+    once for them all (conftest puts them on one worker, in a row)."""
+
+    def __init__(self, directory: Path):
+        self._gate = open(directory / "alone.gate", "a+b")
+        self._tests = open(directory / "alone.tests", "a+b")
+        self.alone = False
+
+    def take(self, alone: bool):
+        """Hold the lock for a test: exclusive if alone (kept if held already)."""
+        if alone and self.alone:
+            return
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+        self.alone = alone
+
+    def release(self):
+        fcntl.flock(self._tests, fcntl.LOCK_UN)
+        self.alone = False
+
+    def close(self):
+        self._gate.close()
+        self._tests.close()
+
+
+RUN_LOCK = []  # this process's RunLock, while its session runs
+
+
+def alone(item) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The `alone` tests go to one xdist worker, together (--dist loadgroup)."""
+    for item in items:
+        if alone(item):
+            item.add_marker(pytest.mark.xdist_group("alone"))
+
+
+@pytest.fixture(scope="session")
+def run_lock(tmp_path_factory):
+    lock = RunLock(run_lock_directory(tmp_path_factory))
+    RUN_LOCK.append(lock)
+    yield lock
+    RUN_LOCK.remove(lock)
+    lock.close()
+
+
+@pytest.fixture(autouse=True)
+def alone_or_together(request, run_lock):
+    """Every test holds the run's lock (RunLock) from before its other fixtures."""
+    run_lock.take(alone(request.node))
+    yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The run's lock is let go after the test's last fixture, unless the test and the
+    next one are both `alone`."""
+    try:
+        return (yield)
+    finally:
+        if RUN_LOCK and not (alone(item) and alone(nextitem)):
+            RUN_LOCK[0].release()
 
 
 def free_port() -> int:
@@ -179,6 +265,33 @@ def wait_until(condition, timeout: float, step: float = 0.05) -> bool:
             return True
         time.sleep(step)
     return condition()
+
+
+def signal_masks(pid: int) -> dict:
+    """The signal masks (SigPnd, SigBlk, SigIgn, SigCgt) of a running process's main thread, as
+    ints; {} once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return {key: int(value, 16) for key, _, value in
+                    (line.partition(":") for line in f)
+                    if key in ("SigPnd", "SigBlk", "SigIgn", "SigCgt")}
+    except FileNotFoundError:
+        return {}
+
+
+def wait_stop_signals_taken(proc: subprocess.Popen, timeout: float = 30.0):
+    """Wait until zmqpush's run has its SIGTERM and SIGINT handlers (SIGTERM caught,
+    neither blocked): until then the launcher blocks them, and a second one sent
+    meanwhile merges with the first."""
+    stops = 1 << (signal.SIGTERM - 1) | 1 << (signal.SIGINT - 1)
+
+    def taken() -> bool:
+        masks = signal_masks(proc.pid)
+        return (not masks or (masks["SigCgt"] & 1 << (signal.SIGTERM - 1)
+                and not masks["SigBlk"] & stops))
+
+    assert wait_until(lambda: proc.poll() is not None or taken(), timeout, 0.01), \
+        "zmqpush did not take SIGTERM and SIGINT"
 
 
 def stop_process(proc: subprocess.Popen):

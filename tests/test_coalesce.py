@@ -7,9 +7,13 @@ what waits for a window waits most of a second, what does not arrives long befor
 import signal
 import time
 
+import pytest
 from test_shipping import main_thread_wakeups
 
 from conftest import closing_count, start, stop_process
+
+# Each test measures when lines arrive: alone (tests/README.md).
+pytestmark = pytest.mark.alone
 
 WINDOW = 1.0
 

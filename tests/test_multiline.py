@@ -460,6 +460,7 @@ def test_sigusr1_ships_the_pending_event_before_it_reports(receiver):
         stop_process(proc)
 
 
+@pytest.mark.alone
 def test_the_quiet_timeout_ships_the_event_then_the_loop_sleeps(receiver):
     """The pending event leaves after the timeout while stdin stays open; the
     timer runs only while an event is pending: afterwards no wake-up."""
@@ -476,6 +477,7 @@ def test_the_quiet_timeout_ships_the_event_then_the_loop_sleeps(receiver):
         stop_process(proc)
 
 
+@pytest.mark.alone
 def test_idle_with_no_event_pending_the_main_thread_never_wakes(receiver):
     """Ordinary lines leave at once and hold nothing: no timer runs."""
     proc = start(["-q", "-c", receiver.endpoint, "--multiline", "python,java,go,ruby"])

@@ -359,6 +359,7 @@ TRACE = {"a": 'Traceback (most recent call last):\n  File "x", line 1',
          "b": 'Traceback (most recent call last):\n  File "y", line 2'}
 
 
+@pytest.mark.alone
 def test_the_quiet_timeout_flushes_each_source_on_its_own_then_sleeps(receiver):
     """a goes quiet at once, c a little later, while b's lines keep coming:
     a's and c's events leave each after its own timeout, b's only once b is

@@ -21,6 +21,7 @@ from conftest import (
     start,
     stop_process,
     vm_peak_rss_kib,
+    wait_stop_signals_taken,
 )
 
 MIB = 1 << 20
@@ -208,6 +209,7 @@ def test_second_sigint_exits_at_once_with_the_count():
     try:
         proc.stdin.write(b"".join(b"%d\n" % i for i in range(5000)))
         proc.stdin.close()
+        wait_stop_signals_taken(proc)
         time.sleep(0.5)
         os.kill(proc.pid, signal.SIGINT)
         time.sleep(0.3)
@@ -226,6 +228,7 @@ def test_second_sigterm_exits_at_once_with_143_and_the_count():
     try:
         proc.stdin.write(b"".join(b"%d\n" % i for i in range(3000)))
         proc.stdin.flush()
+        wait_stop_signals_taken(proc)
         time.sleep(0.5)
         os.kill(proc.pid, signal.SIGTERM)
         time.sleep(0.3)
@@ -366,6 +369,7 @@ def test_when_full_drop_never_blocks_and_counts_every_drop():
         stop_process(proc)
 
 
+@pytest.mark.alone
 def test_two_million_lines_with_receiver_down_stay_under_64_mib_then_all_arrive():
     port = free_port()
     proc = start(["-c", f"tcp://127.0.0.1:{port}"])
@@ -392,6 +396,7 @@ def test_two_million_lines_with_receiver_down_stay_under_64_mib_then_all_arrive(
         stop_process(proc)
 
 
+@pytest.mark.alone
 def test_100_mb_without_newline_is_split_not_lost_and_memory_bounded(receiver):
     """1 MiB pieces at the default --sndhwm 1000: zmqpush lowers SNDHWM so that
     ZeroMQ holds about 4 MiB of them (README "Flow control and memory")."""

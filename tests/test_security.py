@@ -429,6 +429,7 @@ def test_peers_that_drop_during_the_handshake_never_disturb_the_connected_receiv
     assert stats["connected"] == 1 and stats["disconnects"] == 0 and stats["replayed"] == 0
 
 
+@pytest.mark.alone
 def test_idle_with_the_zap_handler_the_main_thread_never_wakes(certs):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     proc = start(["--bind", endpoint, "--allow", "127.0.0.1", "--curve-cert",
@@ -575,6 +576,7 @@ def test_an_empty_environment_twin_never_turns_security_off(name, value):
     assert "is empty" in lines[0], lines
 
 
+@pytest.mark.alone
 def test_a_peer_announcing_a_huge_handshake_frame_is_dropped_unbuffered(certs):
     """A refused or keyless peer cannot make zmqpush hold what it sends: a PUSH
     socket only receives handshake commands, and larger frames end the peer."""

@@ -200,6 +200,7 @@ def test_no_pings_when_watchdog_pid_names_another_process(receiver, notify):
         stop_process(proc)
 
 
+@pytest.mark.alone
 def test_idle_with_notify_and_metrics_file_the_main_thread_never_wakes(receiver, notify,
                                                                         tmp_path):
     metrics = tmp_path / "zmqpush.prom"
@@ -224,6 +225,7 @@ def test_idle_with_notify_and_metrics_file_the_main_thread_never_wakes(receiver,
         stop_process(proc)
 
 
+@pytest.mark.alone
 def test_idle_with_the_receiver_down_the_publisher_sleeps_until_one_connects(notify,
                                                                              tmp_path):
     """Lines wait, but with no receiver nothing can change them: no look at the
@@ -251,6 +253,7 @@ def test_idle_with_the_receiver_down_the_publisher_sleeps_until_one_connects(not
             receiver.stop()
 
 
+@pytest.mark.alone
 def test_idle_with_the_watchdog_on_only_its_pings_wake_the_main_thread(receiver, notify,
                                                                        tmp_path):
     proc = start(["-q", "-c", receiver.endpoint, "--metrics-file", str(tmp_path / "z.prom")],
@@ -723,6 +726,19 @@ def test_metrics_listen_serves_the_metrics_and_a_health_check(receiver):
         stop_process(proc)
 
 
+def healthz_until_stalled(port: int, stall: float, timeout: float) -> tuple:
+    """(when it was asked, (status, body)) of the first /healthz?stall= request that is
+    not answered "ok", asked every 0.2 s for at most timeout: a wait counts from the first
+    look or request that sees it (under load, a look may come before the line was read)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        asked = time.monotonic()
+        answer = http_get(port, f"/healthz?stall={stall:g}")
+        if answer != (200, "ok\n") or asked > deadline:
+            return asked, answer
+        time.sleep(0.2)
+
+
 def test_healthz_fails_once_lines_waited_longer_than_stated_with_none_sent():
     port, listen = free_port(), free_port()
     proc = start(["-q", "-c", f"tcp://127.0.0.1:{port}", "--metrics-listen",
@@ -732,8 +748,9 @@ def test_healthz_fails_once_lines_waited_longer_than_stated_with_none_sent():
         assert http_get(listen, "/healthz?stall=1") == (200, "ok\n")
         proc.stdin.write(b"waits for a receiver\n")
         proc.stdin.flush()
-        time.sleep(3.0)
-        status, body = http_get(listen, "/healthz?stall=1")
+        written = time.monotonic()
+        asked, (status, body) = healthz_until_stalled(listen, 1, 15)
+        assert asked - written > 1.0  # no sooner than the line waited a second
         assert status == 503 and body.startswith("stalled: events wait, none sent for ")
         assert http_get(listen, "/healthz") == (200, "ok\n")  # 60 s by default
         receiver = Receiver(port)

@@ -269,12 +269,13 @@ def test_watermark_tool_json_follows_the_options():
                                          ([], 1000)],
                          ids=["confirm", "confirm-set", "confirm-spool", "confirm-at-once",
                               "default"])
-def test_confirm_mode_lets_zeromq_hold_one_message(args, sndhwm):
+def test_confirm_mode_lets_zeromq_hold_one_message(args, sndhwm, tmp_path):
     """--confirm answers OK once ZeroMQ took a line: what ZeroMQ still holds when
     zmqpush ends is lost (README "rsyslog"), so it holds one message unless told,
     or unless lines must be taken at once (a queue of one takes the next message
     only after ZeroMQ's I/O thread took the last)."""
-    proc = subprocess.run([WATERMARK, "--json", *args], capture_output=True, timeout=10)
+    proc = subprocess.run([WATERMARK, "--json", *args], capture_output=True, timeout=10,
+                          cwd=tmp_path)  # not the checkout: --spool spool may create it
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["sndhwm"] == sndhwm
 
@@ -332,6 +333,7 @@ def main_thread_wakeups(proc, seconds: float = 3.0) -> int:
     return main_thread_switches(proc.pid) - before
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("mode", [[], ["--batch"], ["--confirm"]],
                          ids=["default", "batch", "confirm"])
 def test_idle_with_stdin_open_the_main_thread_never_wakes(receiver, mode):
@@ -349,6 +351,7 @@ def test_idle_with_stdin_open_the_main_thread_never_wakes(receiver, mode):
         stop_process(proc)
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("mode", [[], ["--batch"], ["--confirm"]],
                          ids=["default", "batch", "confirm"])
 def test_idle_with_the_receiver_down_the_main_thread_never_wakes(mode):

@@ -103,6 +103,17 @@ def wait_child_unless_done(rs: PrivateRsyslog, delivered: Delivered, lines: int,
     return None
 
 
+def wait_shipping(rs: PrivateRsyslog, pid: int, delivered: Delivered, lines: int):
+    """Wait (at most 15 s) until more lines arrived than when zmqpush pid was seen,
+    all did, or pid is no longer rsyslogd's zmqpush."""
+    before = delivered.count()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and zmqpush_child(rs) == pid:
+        if delivered.count() > before or before == lines:
+            return
+        time.sleep(0.01)
+
+
 def test_confirm_spool_zmqpush_sigkilled_again_and_again_mid_flow_every_line_arrives(tmp_path):
     """Up to 12 kills while lines remain to be delivered: how many happen before
     all have arrived depends on the machine's speed (9 to 12 seen), so what is
@@ -139,8 +150,14 @@ def test_confirm_spool_zmqpush_sigkilled_again_and_again_mid_flow_every_line_arr
                                      f"kills {killed}, children {rs.children()}, "
                                      f"sender {sender.is_alive()} {sender.error!r})")
             # A random moment of this instance's life; the first two before it
-            # can have said its first "OK" (Python alone takes longer to start).
-            time.sleep(rng.uniform(0, 0.03) if len(killed) < 2 else rng.uniform(0.03, 0.9))
+            # can have said its first "OK" (Python alone takes longer to start), the
+            # others once it shipped (a loaded machine's start-up can take longer
+            # than the 0.9 s a kill may wait).
+            if len(killed) < 2:
+                time.sleep(rng.uniform(0, 0.03))
+            else:
+                wait_shipping(rs, pid, delivered, lines)
+                time.sleep(rng.uniform(0.03, 0.9))
             if zmqpush_child(rs) == pid:
                 os.kill(pid, signal.SIGKILL)
                 killed.append((pid, delivered.count()))
