@@ -66,8 +66,7 @@ class RunLock:
     which thus run while no other test of this run runs.  The gate, taken briefly by
     every test and held by an `alone` one until it has the lock, keeps new tests from
     starting while an `alone` one waits (flock alone would let shared holders starve
-    it).  Consecutive `alone` tests keep the exclusive lock: the other workers wait
-    once for them all (conftest puts them on one worker, in a row)."""
+    it).  Consecutive `alone` tests of a worker keep the exclusive lock."""
 
     def __init__(self, directory: Path):
         self._gate = open(directory / "alone.gate", "a+b")
@@ -101,12 +100,10 @@ def alone(item) -> bool:
     return item is not None and item.get_closest_marker("alone") is not None
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """The `alone` tests go to one xdist worker, together (--dist loadgroup)."""
-    for item in items:
-        if alone(item):
-            item.add_marker(pytest.mark.xdist_group("alone"))
+    """The `alone` tests last, in a row: xdist hands them out once the others have all
+    been handed out, and they then run one after another while nothing else runs."""
+    items.sort(key=alone)
 
 
 @pytest.fixture(scope="session")
