@@ -100,10 +100,17 @@ def alone(item) -> bool:
     return item is not None and item.get_closest_marker("alone") is not None
 
 
+# Modules whose tests take longest (crash loops, receivers and rsyslogd restarted: up to
+# 2 minutes each on a loaded machine) go first, so that they do not end the run alone.
+LONGEST_FIRST = ("test_replay.py", "test_spool.py", "test_confirm_restart.py",
+                 "test_spool_limits.py", "test_spool_rsyslog.py")
+
+
 def pytest_collection_modifyitems(items):
-    """The `alone` tests last, in a row: xdist hands them out once the others have all
-    been handed out, and they then run one after another while nothing else runs."""
-    items.sort(key=alone)
+    """The longest modules first; the `alone` tests last, in a row: xdist hands them out
+    once the others have all been handed out, and they then run one after another while
+    nothing else runs."""
+    items.sort(key=lambda item: (alone(item), item.path.name not in LONGEST_FIRST))
 
 
 @pytest.fixture(scope="session")
