@@ -38,7 +38,12 @@ def kernel_tcp_wmem() -> str:
 async def effective_watermarks(config: zmqpush.Config) -> dict:
     """The values of a stream opened as zmqpush opens it."""
     import zmq
-    stream, context = await zmqpush.open_stream(config)
+    context = zmq.Context()
+    try:
+        stream = await zmqpush.open_stream(config, context)
+    except OSError:
+        context.term()
+        raise
     sock = stream.transport.get_extra_info("zmq_socket")
     low, high = stream.transport.get_write_buffer_limits()
     values = {"low_watermark": low, "high_watermark": high,

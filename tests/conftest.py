@@ -66,8 +66,7 @@ class RunLock:
     which thus run while no other test of this run runs.  The gate, taken briefly by
     every test and held by an `alone` one until it has the lock, keeps new tests from
     starting while an `alone` one waits (flock alone would let shared holders starve
-    it).  Consecutive `alone` tests keep the exclusive lock: the other workers wait
-    once for them all (conftest puts them on one worker, in a row)."""
+    it).  Consecutive `alone` tests of a worker keep the exclusive lock."""
 
     def __init__(self, directory: Path):
         self._gate = open(directory / "alone.gate", "a+b")
@@ -101,12 +100,17 @@ def alone(item) -> bool:
     return item is not None and item.get_closest_marker("alone") is not None
 
 
-@pytest.hookimpl(tryfirst=True)
+# Modules whose tests take longest (crash loops, receivers and rsyslogd restarted: up to
+# 2 minutes each on a loaded machine) go first, so that they do not end the run alone.
+LONGEST_FIRST = ("test_replay.py", "test_spool.py", "test_confirm_restart.py",
+                 "test_spool_limits.py", "test_spool_rsyslog.py")
+
+
 def pytest_collection_modifyitems(items):
-    """The `alone` tests go to one xdist worker, together (--dist loadgroup)."""
-    for item in items:
-        if alone(item):
-            item.add_marker(pytest.mark.xdist_group("alone"))
+    """The longest modules first; the `alone` tests last, in a row: xdist hands them out
+    once the others have all been handed out, and they then run one after another while
+    nothing else runs."""
+    items.sort(key=lambda item: (alone(item), item.path.name not in LONGEST_FIRST))
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from conftest import (
     run,
     start,
     stop_process,
+    wait_stop_signals_taken,
 )
 
 
@@ -53,6 +54,7 @@ def test_timestamp_is_when_the_line_was_read_not_when_sent():
     port = free_port()
     proc = start(["-c", f"tcp://127.0.0.1:{port}", "--timestamp"])
     try:
+        wait_stop_signals_taken(proc)  # running: it reads the line at once (not after start-up)
         proc.stdin.write(b"early\n")
         proc.stdin.flush()
         read_at = datetime.now(timezone.utc)

@@ -146,6 +146,7 @@ def settled(receiver: FileReceiver, quiet: float = 0.3):
         time.sleep(0.02)
 
 
+@pytest.mark.alone  # each run lives about a second: what it sends in that time is measured
 def test_a_crash_loop_at_default_settings_makes_progress_and_everything_arrives(tmp_path):
     """The spool holds more than one short run can send (and more than the
     64 MiB window, which a short run never sends); zmqpush is SIGKILLed at
