@@ -5069,6 +5069,7 @@ class Connections:
         import zmq
         self._zmq = zmq
         self._sock = sock
+        self._said_full = False  # peers took nearly every descriptor (see _check_descriptors)
         self._counters = counters
         self._on_event = on_event
         self._on_lost = on_lost
@@ -5129,12 +5130,33 @@ class Connections:
                 pass
         return total
 
+    def _check_descriptors(self, endpoint: str):
+        """Say once when --bind peers leave fewer than DESCRIPTORS_SPARE open
+        files.  Past the limit libzmq leaves a new peer in the listen queue and
+        tries to accept it again at every wake-up (a core busy while it waits);
+        the peers connected keep getting lines."""
+        if self._said_full:
+            return
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        try:
+            used = len(os.listdir("/proc/self/fd"))
+        except OSError:  # none left even for that
+            used = limit
+        if used + DESCRIPTORS_SPARE < limit:
+            return
+        self._said_full = True
+        warn(f"peers on {endpoint} take nearly every open file ({used} of {limit}, ulimit "
+             "-n): further peers wait until one leaves; the connected ones go on")
+
     def _on_monitor_event(self, event: int, value: int, endpoint: str):
         zmq = self._zmq
         handshaken = True
         if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
             self._tcp_fds.add(value)
             self._born[value] = self._successes
+            if event == zmq.EVENT_ACCEPTED:
+                self._check_descriptors(endpoint)
         elif event == zmq.EVENT_DISCONNECTED:
             self._tcp_fds.discard(value)
             handshaken = not self._failing and self._born.pop(value, -1) != self._successes
@@ -5177,6 +5199,7 @@ DESCRIPTORS_BASE = 32
 DESCRIPTORS_PER_SOCKET = 3
 ZMQ_SOCKETS_PER_SOCKET = 3  # the PUSH socket and its monitor's PAIR sockets
 BIND_PEERS_ROOM = 256
+DESCRIPTORS_SPARE = 8  # said once when --bind peers leave fewer (Connections)
 LIBZMQ_MAX_SOCKETS = 1023  # libzmq's default ZMQ_MAX_SOCKETS
 
 
@@ -5257,8 +5280,9 @@ class PushSocket:
     (configure_socket), their endpoints, the monitor of their connections
     (Connections), and closing within what is left of --linger.  One socket
     (an aiozmq stream) for one endpoint, or for --bind alone; one per -c
-    endpoint otherwise, behind a Fanout (see socket_parts).  `stream` is what
-    the Sender writes to: the aiozmq stream or the Fanout."""
+    endpoint otherwise, behind a Fanout (see socket_parts); all in one ZeroMQ
+    context but a bound one with a ZAP handler (own_context).  `stream` is
+    what the Sender writes to: the aiozmq stream or the Fanout."""
 
     def __init__(self, config: Config):
         self._config = config

@@ -10,7 +10,7 @@ import time
 
 import zmq
 
-from conftest import cli, closing_count, env_with, wait_until
+from conftest import cli, closing_count, env_with, free_port, wait_until
 
 SHORT = 64  # an open files limit far too small for the endpoints below
 
@@ -136,3 +136,40 @@ def test_each_endpoint_counts_in_the_memory_formula_and_lowers_what_was_not_set(
                              input=b"", capture_output=True, timeout=60, env=env_with({}))
     assert refused.returncode == 2
     assert b"give fewer endpoints" in refused.stderr
+
+
+def test_bind_peers_past_the_open_files_limit_are_said_once_and_the_connected_get_lines():
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(limited(SHORT, SHORT, "--bind", endpoint, "-q", "--linger", "2"),
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env_with({}))
+    context = zmq.Context()
+    peers = []
+    try:
+        for _ in range(SHORT):  # more peers than descriptors are left
+            peer = context.socket(zmq.PULL)
+            peer.setsockopt(zmq.LINGER, 0)
+            peer.connect(endpoint)
+            peers.append(peer)
+        assert wait_until(lambda: len(os.listdir(f"/proc/{proc.pid}/fd")) >= SHORT - 4, 20)
+        lines = 200
+        _, stderr = proc.communicate(b"a line\n" * lines, timeout=60)
+        received, deadline = 0, time.monotonic() + 10
+        while received < lines and time.monotonic() < deadline:
+            for peer in peers:
+                while peer.poll(0):
+                    peer.recv()
+                    received += 1
+            time.sleep(0.01)
+        assert proc.returncode == 0, stderr
+        said = [line for line in stderr.decode().splitlines() if "open file" in line]
+        assert len(said) == 1 and said[0].startswith(f"zmqpush: peers on {endpoint} take "
+                                                     "nearly every open file"), stderr
+        assert "ulimit -n" in said[0]
+        assert received == lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for peer in peers:
+            peer.close()
+        context.term()
