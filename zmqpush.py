@@ -2210,13 +2210,19 @@ class Segment(NamedTuple):
 
     def split(self, lines: int) -> tuple:
         """(its first `lines` lines, the rest), either None when empty."""
-        cut = 0
-        for _ in range(lines):
-            cut = self.lines.index(b"\n", cut) + 1
+        cut = lines_end(self.lines, lines)
         first = self._replace(lines=self.lines[:cut], held=min(self.held, lines)) if cut else None
         rest = (self._replace(lines=self.lines[cut:], held=max(0, self.held - lines))
                 if cut < len(self.lines) else None)
         return first, rest
+
+
+def lines_end(lines: bytes, count: int) -> int:
+    """Where the first `count` lines of lines (each ending in b"\\n") end."""
+    cut = 0
+    for _ in range(count):
+        cut = lines.index(b"\n", cut) + 1
+    return cut
 
 
 # Lines longer than this leave the reader in a Segment of their own.
@@ -2702,9 +2708,7 @@ class ParsedLines(NamedTuple):
 
     def split(self, lines: int) -> tuple:
         """(its first `lines` lines, the rest), either None when empty."""
-        cut = 0
-        for _ in range(lines):
-            cut = self.lines.index(b"\n", cut) + 1
+        cut = lines_end(self.lines, lines)
         first = (ParsedLines(self.lines[:cut], self.documents[:lines], min(self.held, lines))
                  if cut else None)
         rest = (ParsedLines(self.lines[cut:], self.documents[lines:],
@@ -3183,7 +3187,7 @@ class Answered(NamedTuple):
     Ledger).  The Confirmer writes `parcel` (None, or events
     whose lines were answered or are answered now) into the transport whole,
     never refusing it, then gives `answers` replies "OK" and `refused`
-    refusals (lines the reader did not take, see Admission)."""
+    refusals (lines the Ledger did not take, see Admission)."""
 
     parcel: Parcel | None
     answers: int
@@ -3200,7 +3204,7 @@ def answered(parcel: Parcel | None, answers: int, refused: int = 0) -> Answered:
 
 
 class Admission(NamedTuple):
-    """--confirm --multiline without a spool: the reader asks, in order with
+    """--confirm --multiline without a spool: the Ledger asks, in order with
     what it queued before, whether it may take lines that the Joiner could
     hold (answered at once, never refused); the Confirmer says True once the
     transport is empty, waiting as long as it would for a line (see
@@ -3424,16 +3428,28 @@ class Pipeline:
         self._encoder = encoder
         self._counters = counters
         self._replies = replies if sink.durable else None  # --confirm: answered once taken
-        if self._replies is not None:
-            self._queue_nowait = self._answer_later
         self.dropping = False
         self.stopping = False
         self._read_at = 0.0  # when the bytes being handed were read (epoch seconds)
 
     async def start(self):
-        """--confirm with a durable sink: the first "OK", which says zmqpush is ready."""
+        """Lines a run with --confirm --multiline answered and held when it
+        ended (see Ledger) leave first; then, with --confirm and a durable
+        sink, the first "OK" (zmqpush is ready)."""
+        await self._take_held_found()
         if self._replies is not None:
             await self._replies.reply(True)
+
+    async def _take_held_found(self):
+        """The lines a previous run answered and held, as lines, never
+        answered again."""
+        found = self.sink.held_found()
+        if found:
+            lines = _new_tuple(Segment, (b"".join(line + b"\n" for line in found),
+                                         False, False, len(found)))
+            for parcel in self.encoded([lines]):
+                await self.put(parcel._replace(ends_line=[False] * len(parcel.messages)))
+            self.sink.keep_held([])
 
     def stop(self):
         """Reading stops: the sink takes what is still handed past its cap."""
@@ -3510,21 +3526,17 @@ class Pipeline:
 
     def _queue_nowait(self, parcel: Parcel, nevents: int) -> bool:
         """Count parcel's events read and queue it, or drop them while the
-        sink is full and dropping: True.  False when it must wait for room:
+        sink is full and dropping: True.  False when it must wait for room,
+        or its lines are answered once taken (--confirm, a durable sink):
         then _queue_parcel() queues it."""
         self._counters.events_read += nevents
+        if self._replies is not None:
+            return False
         if self.sink.offer(parcel):
             return True
         if self.dropping:
             self._counters.events_dropped += nevents
             return True
-        return False
-
-    def _answer_later(self, parcel: Parcel, nevents: int) -> bool:
-        """_queue_nowait with --confirm and a durable sink: count parcel's
-        events read, and leave it to _queue_parcel(), which answers its lines
-        once it is taken (--confirm never drops)."""
-        self._counters.events_read += nevents
         return False
 
     async def _queue_parcel(self, parcel: Parcel, nevents: int):
@@ -3622,14 +3634,15 @@ class StagedPipeline(Pipeline):
         durable sink keeps (see Ledger)."""
         return self.held() if self._ledger is not None and not self.sink.durable else 0
 
-    async def start(self):
-        """As Pipeline.start; with --confirm, the lines a previous run held
-        first (see Ledger.resume)."""
-        if self._ledger is not None:
-            async with self._lock:
-                await self._ledger.resume(self)
-            self._arm()
-        await super().start()
+    async def _take_held_found(self):
+        """With --confirm, the lines a previous run held go through the stages
+        again (see Ledger.resume); else they leave as lines."""
+        if self._ledger is None:
+            await super()._take_held_found()
+            return
+        async with self._lock:
+            await self._ledger.resume(self)
+        self._arm()
 
     def held(self) -> int:
         """Lines the stages hold."""
@@ -3825,7 +3838,8 @@ class Ledger:
             return
         held_before = pipeline.held()
         out = pipeline.through([item])
-        keep = pipeline.holding() if held_before or pipeline.held() else None
+        keep = pipeline.holding() if self._durable and (held_before or pipeline.held()) \
+            else None
         fresh = [index for index, item in enumerate(out) if item.nlines() > item.held]
         before, line_item = out[fresh[0]].split(out[fresh[0]].held) if fresh else (None, None)
         if line_item is None:  # held, or ending an event of lines answered before
@@ -6480,7 +6494,7 @@ class Confirmer:
     async def _write_answered(self, item: Answered):
         """Write item's events (their lines were answered, or are answered now)
         into the transport whole, never refused (see _spill_whole); then
-        answer item's lines: "OK", or refused (lines the reader did not take)."""
+        answer item's lines: "OK", or refused (lines the Ledger did not take)."""
         parcel = item.parcel
         if parcel is not None:
             mark = self._sender.written_bytes()

@@ -283,7 +283,8 @@ def test_ledger_with_a_spool_keeps_held_lines_for_the_next_run(tmp_path):
     assert said == [True] * 4 and messages == ["before"] and held == TRACE[:2]
     said, messages, held = asyncio.run(run_once([*TRACE[2:], b"after"], finish=True))
     assert said == [True] * 4  # the first "OK", then the three new lines only
-    assert messages[-2:] == ["\n".join(t.decode() for t in TRACE), "after"]
+    assert [m for m in messages if m != "before"] == [  # "before": what run 1 spooled
+        "\n".join(t.decode() for t in TRACE), "after"]
     assert held == [] and not (tmp_path / "held").exists()
 
 
@@ -315,3 +316,23 @@ def test_per_source_pipeline_parses_each_json_line_once(monkeypatch):
     assert messages[:10] + messages[11:] == [f"line {n}" for n in range(3000)]
     # each line once, and the joined event's first line once more (see SourceJoiner)
     assert len(parses) == len(lines) + 1, [p for p in parses if "Traceback" in p]
+
+
+def test_a_run_without_stages_ships_lines_a_ledger_left_held(tmp_path):
+    """The spool's held lines, left by a --confirm --multiline run, leave as
+    lines when the next run has no stage (never answered again)."""
+    async def go():
+        counters = zmqpush.Counters()
+        spool = zmqpush.Spool(str(tmp_path), 1 << 20, float("inf"), counters)
+        spool.keep_held(TRACE[:2])
+        queue = zmqpush.SpoolQueue(1 << 20, spool, counters)
+        replies = _Replies()
+        _, pipeline = _pipeline(["--confirm"], replies=replies, sink=queue)
+        await pipeline.start()
+        items = _drain(queue)
+        spool.close(done=False)
+        return replies.said, items, queue.held_found()
+    said, items, held = asyncio.run(go())
+    assert said == [True] and held == []
+    assert messages_of(items) == [t.decode() for t in TRACE[:2]]
+    assert [p.ends_line for p in items] == [[False, False]]
