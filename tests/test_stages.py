@@ -122,6 +122,21 @@ def test_per_source_view_joins_each_source_apart():
     assert json.loads(flushed[0][1])["src"] == "b" and flushed[0][2] == 4
 
 
+def test_per_source_view_says_which_lines_were_held_before():
+    """Fed a line at a time (as --confirm's Ledger feeds it), each item says
+    how many of its lines an earlier call held: the line just fed is never
+    among them."""
+    def line(source, message):
+        return json.dumps({"src": source, "message": message}).encode() + b"\n"
+    join = zmqpush.SourceJoiner(zmqpush.PythonRule(), 500, 1 << 20, zmqpush.Counters(),
+                                keys=("src",), clock=lambda: 0.0)
+    for text in TRACE:
+        assert join.feed(line("a", text.decode())) == []
+    assert join.holding() == [line("a", t.decode())[:-1] for t in TRACE]
+    out = join.feed(line("a", "after"))
+    assert [(item.nlines(), item.held) for item in out] == [(4, 4), (1, 0)]
+
+
 # ---------------------------------------------------------------- encoders --
 
 def test_encoders_make_one_event_per_line():
