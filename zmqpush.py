@@ -3,9 +3,11 @@
 
 Every line becomes {"message":LINE,"type":LOGTYPE,"@pid":PID}, the wire format
 the Logstash zeromq input (codec json) turns into one event.  The file is in
-dependency order, each part before its first user: options, encoding, reading
-(which encodes), sending (which takes what reading queued), lifecycle (which
-wires them).
+dependency order, each part before its first user: options, encoding, framing
+and joining (the stages' items), queue (the sink interface and --confirm's
+replies), pipeline (framing -> stages -> encoder -> sink, built once from the
+options), input (stdin, feeding the pipeline), spooling (the disk sink),
+sending (which takes what the sink holds), lifecycle (which wires them).
 """
 from __future__ import annotations
 
@@ -981,10 +983,10 @@ class Multiline(NamedTuple):
 def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
     """The --multiline* options (opt: with the table's defaults, its needs and
     conflicts checked), or None when neither --multiline nor
-    --multiline-pattern is given.  UsageError for a cap over
-    --max-line-bytes, a key that is not UTF-8, and --confirm with --json or
-    --journal (README "Multi-line events").  sources is None for lines
-    joined as they come, else the keys of --multiline-source or their default."""
+    --multiline-pattern is given.  UsageError for a cap over --max-line-bytes
+    and a key that is not UTF-8 (README "Multi-line events").  sources is None
+    for lines joined as they come, else the keys of --multiline-source or
+    their default."""
     if not opt["multiline"] and opt["multiline_pattern"] is None:
         return None
     max_bytes = opt["multiline_max_bytes"] or max_line_bytes
@@ -994,9 +996,6 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
     structured = bool(opt.get("json") or opt.get("journal"))
     for key in opt["multiline_source"] or ():
         utf8(key, "--multiline-source")
-    if opt["confirm"] and structured:
-        raise UsageError("--multiline with --json or --journal and --confirm: not yet "
-                         "(README \"Multi-line events\")")
     return Multiline(
         presets=opt["multiline"], pattern=opt["multiline_pattern"],
         negate=opt["multiline_negate"], after=opt["multiline_match"] != "before",
@@ -1822,6 +1821,7 @@ BULK_RETRY_CHUNKS = 16
 # a whole read (256 KiB) outgrow the CPU's caches, and parsing slows by half.
 JSON_RUN_BYTES = 32 << 10
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_FOURTH = operator.itemgetter(3)
 _dump_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
                               allow_nan=False).encode
 
@@ -1956,21 +1956,59 @@ class JsonEncoder:
             return events, [1] * len(events)
         return group_events(events, self._array_bytes)
 
-    def encode_events(self, texts: list, cut: list, read_at: float = 0.0) -> tuple:
+    def encode_parsed(self, lines: bytes, documents: list, read_at: float = 0.0) -> tuple:
+        """As encode() for whole lines (CR stripped) that a stage parsed already
+        (see SourceJoiner._classify): documents[i] is line i's (text without
+        leading whitespace, object, end, whether nothing was stripped), or
+        None for a line that is not an object (or whose parse was not kept:
+        it is parsed here).  No line is parsed again."""
+        if self._cut:  # the last piece of a cut line comes first: as encode() does
+            return self.encode(lines, False, False, read_at)
+        tail = self._tail
+        if self._timestamp:
+            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
+        raws = lines.split(b"\n")
+        raws.pop()
+        if self._run_id is None and None not in documents and all(map(_FOURTH, documents)):
+            texts = list(map(_FIRST, documents))
+            parsed = [(obj, end) for _, obj, end, _ in documents]
+            if self._spliceable("\n".join(texts), texts, parsed):
+                events = self._splice_all(lines, tail + b"}")
+                return (events, [1] * len(events)) if not self._batch \
+                    else group_events(events, self._array_bytes)
+        ids, closing, events = self._run_id is not None, tail + b"}", []
+        for raw, document in zip(raws, documents):
+            end = self._closing(tail) if ids else closing
+            if document is None:
+                events.append(self._event(raw, self._texts([raw])[0], end))
+            else:
+                events.append(self._parsed(raw, document[0], document[1], document[2], end))
+        if not self._batch:
+            return events, [1] * len(events)
+        return group_events(events, self._array_bytes)
+
+    def encode_events(self, texts: list, cut: list, read_at: float = 0.0,
+                      documents: list | None = None) -> tuple:
         """Encode whole events (--multiline per source, see SourceJoiner), one
         per text, as encode() does a line; cut[i] adds "@continues":true.  A
         text that holds b"\\n" is lines that were not JSON objects, joined: it
         goes out as one such line does, its newlines escaped in "message"
         (counted once in json_failures, "@json_error" saying why its first
-        line was refused).  Any other text is a line (without b"\\n")."""
+        line was refused).  Any other text is a line (without b"\\n"), whose
+        parse documents[i] may give (see encode_parsed): not parsed again."""
         tail = self._tail
         if self._timestamp:
             tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
         events = []
-        for text, more in zip(texts, cut):
+        for index, (text, more) in enumerate(zip(texts, cut)):
             end = tail + b',"@continues":true' if more else tail
+            document = documents[index] if documents is not None else None
             if 0x0A in text:
                 events.append(self._failed_text(text, end))
+            elif document is not None:
+                closing = self._closing(end) if self._run_id is not None else end + b"}"
+                events.append(self._parsed(text, document[0], document[1], document[2],
+                                           closing))
             else:
                 events += self._events(text + b"\n", end)
         if not self._batch:
@@ -2330,10 +2368,10 @@ class JournalEncoder(JsonEncoder):
         return event, notes
 
 
-# ---------------------------------------------------------------- reading --
-# Owns stdin: non-blocking reads woken by an edge-triggered epoll, line framing,
-# joining lines into multi-line events (--multiline), and the byte-bounded
-# queue that carries encoded messages to the sender.
+# ---------------------------------------------------- framing and joining --
+# Owns the counters, and what the reading pipeline's stages pass: Segments
+# (line framing) and Joined events (joining lines into multi-line events,
+# --multiline: the rules, the Joiner, and per source the SourceJoiner).
 
 class Counters:
     """What happened so far, counted where it happens (reader, sender, monitor)."""
@@ -2375,11 +2413,44 @@ _new_tuple = tuple.__new__
 
 
 class Segment(NamedTuple):
-    """A run of complete lines, or one piece of an over-long line."""
+    """An item of the reading pipeline: a run of complete lines (each its own
+    event), or one piece of an over-long line (continues: the next piece
+    goes on it).  held: how many of its first lines a stage held before
+    (--confirm answered them already, see Ledger)."""
 
     lines: bytes
     strip_cr: bool = True
     continues: bool = False
+    held: int = 0
+    joins = False  # see Joined
+
+    def nlines(self) -> int:
+        """The lines it carries (a piece counts as one)."""
+        return self.lines.count(b"\n")
+
+    def encoded(self, encoder, read_at: float) -> tuple:
+        """(messages, events, ends_line) of its lines (see Parcel)."""
+        messages, events = encoder.encode(self.lines, self.strip_cr, self.continues, read_at)
+        ends = [True] * len(messages)
+        if self.continues:
+            ends[-1] = False
+        return messages, events, ends
+
+    def split(self, lines: int) -> tuple:
+        """(its first `lines` lines, the rest), either None when empty."""
+        cut = lines_end(self.lines, lines)
+        first = self._replace(lines=self.lines[:cut], held=min(self.held, lines)) if cut else None
+        rest = (self._replace(lines=self.lines[cut:], held=max(0, self.held - lines))
+                if cut < len(self.lines) else None)
+        return first, rest
+
+
+def lines_end(lines: bytes, count: int) -> int:
+    """Where the first `count` lines of lines (each ending in b"\\n") end."""
+    cut = 0
+    for _ in range(count):
+        cut = lines.index(b"\n", cut) + 1
+    return cut
 
 
 # Lines longer than this leave the reader in a Segment of their own.
@@ -2414,7 +2485,7 @@ class LineFramer:
         newline = data.rfind(b"\n")
         if 0 <= newline == len(data) - 1 and newline <= self._lone and not self._pending \
                 and (newline <= self._third or lines_within(data, self._third)):
-            return [_new_tuple(Segment, (data, True, False))]  # the common read: whole
+            return [_new_tuple(Segment, (data, True, False, 0))]  # the common read: whole
             # short lines, nothing held
         if newline < 0:
             self._pending += data
@@ -2803,15 +2874,122 @@ def joining_rule(multiline: Multiline):
 
 
 class Joined:
-    """Events the Joiner made: texts (lines joined by b"\\n"), and for each
-    whether it was cut at a cap (its rest follows in the next).  A plain
-    class: a NamedTuple's creation would cost every start."""
+    """An item of the reading pipeline: events a Joiner made, texts (lines
+    joined by b"\\n"), for each whether it was cut at a cap (its rest follows
+    in the next) and how many lines it came from; held: how many of those
+    lines (the first ones) a stage held before (see Segment).  A plain class:
+    a NamedTuple's creation would cost every start."""
 
-    __slots__ = ("cut", "texts")
+    __slots__ = ("cut", "documents", "held", "lines", "texts")
+    joins = True  # an item of events (a Segment's lines are each their own)
 
-    def __init__(self, texts: list, cut: list):
+    def __init__(self, texts: list, cut: list, lines: list, held: int = 0,
+                 documents: list | None = None):
         self.texts = texts
         self.cut = cut
+        self.lines = lines
+        self.held = held
+        self.documents = documents  # per text its parse (see ParsedLines), or None
+
+    def add(self, text: bytes, cut: bool, lines: int, held: int, document=None):
+        """One more event, after the others."""
+        self.texts.append(text)
+        self.cut.append(cut)
+        self.lines.append(lines)
+        self.held += held
+        if self.documents is not None:
+            self.documents.append(document)
+
+    def nlines(self) -> int:
+        return sum(self.lines)
+
+    def encoded(self, encoder, read_at: float) -> tuple:
+        parsed = self.documents is not None and any(self.documents)  # per source only
+        messages, events = (encoder.encode_events(self.texts, self.cut, read_at,
+                                                  self.documents)
+                            if parsed else encoder.encode_events(self.texts, self.cut, read_at))
+        return messages, events, [True] * len(messages)
+
+    def split(self, lines: int) -> tuple:
+        """Events are never split: (self, None), or (None, self) for 0 lines."""
+        return (self, None) if lines else (None, self)
+
+
+class ParsedLines(NamedTuple):
+    """An item of the reading pipeline: a run of whole lines (CR stripped)
+    whose JSON objects a stage parsed already (--json, --journal per source):
+    documents[i] is line i's (text, object, end, whole) or None, as
+    JsonEncoder.encode_parsed takes them, so that no line is parsed twice."""
+
+    lines: bytes
+    documents: list
+    held: int = 0
+    joins = False
+    continues = False
+
+    def nlines(self) -> int:
+        return len(self.documents)
+
+    def encoded(self, encoder, read_at: float) -> tuple:
+        messages, events = encoder.encode_parsed(self.lines, self.documents, read_at)
+        return messages, events, [True] * len(messages)
+
+    def split(self, lines: int) -> tuple:
+        """(its first `lines` lines, the rest), either None when empty."""
+        cut = lines_end(self.lines, lines)
+        first = (ParsedLines(self.lines[:cut], self.documents[:lines], min(self.held, lines))
+                 if cut else None)
+        rest = (ParsedLines(self.lines[cut:], self.documents[lines:],
+                            max(0, self.held - lines)) if cut < len(self.lines) else None)
+        return first, rest
+
+
+class _ItemList:
+    """Builds a stage's output: runs of whole lines gathered into Segments,
+    events gathered into Joined items, in order."""
+
+    __slots__ = ("_documents", "_items", "_joined", "_run", "_run_held")
+
+    def __init__(self):
+        self._items: list = []
+        self._run: list = []
+        self._run_held = 0
+        self._documents: list | None = None
+        self._joined: Joined | None = None
+
+    def lines(self, lines: bytes, held: int, documents: list | None = None):
+        """Whole lines, each its own event; held: how many were held before;
+        documents: their parses (see ParsedLines), given for every run or none."""
+        self._run.append(lines)
+        self._run_held += held
+        if documents is not None:
+            self._documents = documents if self._documents is None \
+                else self._documents + documents
+
+    def event(self, text: bytes, cut: bool, lines: int, held: int, document=None):
+        """A joined event of `lines` lines, `held` of them held before;
+        document: its parse (see ParsedLines), None if none."""
+        self._end_run()
+        if self._joined is not None:
+            self._joined.add(text, cut, lines, held, document)
+        else:
+            self._joined = Joined([text], [cut], [lines], held, [document])
+            self._items.append(self._joined)
+
+    def items(self) -> list:
+        """The items built so far; the list starts again empty."""
+        self._end_run()
+        items, self._items, self._joined = self._items, [], None
+        return items
+
+    def _end_run(self):
+        if self._run:
+            run = self._run[0] if len(self._run) == 1 else b"".join(self._run)
+            if self._documents is None:
+                self._items.append(_new_tuple(Segment, (run, False, False, self._run_held)))
+            else:
+                self._items.append(ParsedLines(run, self._documents, self._run_held))
+            self._run, self._run_held, self._documents, self._joined = [], 0, None, None
 
 
 class Joiner:
@@ -2820,52 +2998,74 @@ class Joiner:
     and the rest goes on in a new event) and the blank lines whose fate the
     next line decides.
 
-    feed() and flush() return, in order, bytes (runs of whole lines, each its
-    own event, as encode() takes them) and Joined events.  An event of one
-    line leaves as a line.  Counts the events and lines joined and the
-    events cut."""
+    feed(), flush() and flush_quiet() return, in order, the pipeline's items:
+    Segments (runs of whole lines, each its own event) and Joined events; an
+    event of one line leaves as a line.  Each item says how many of its
+    lines were held before the call (see Segment.held): what the Joiner
+    holds is always its newest lines, and leaves oldest first.  Counts the
+    events and lines joined and the events cut.  clock() (the loop's time)
+    stamps the last line, for the quiet timer (quiet_at)."""
 
-    def __init__(self, rule, max_lines: int, max_bytes: int, counters: Counters):
+    def __init__(self, rule, max_lines: int, max_bytes: int, counters: Counters,
+                 clock=time.monotonic):
         self._rule = rule
         self._max_lines = max_lines
         self._max_bytes = max_bytes
         self._counters = counters
+        self._clock = clock
+        self._last = 0.0  # when the last line came
         self._lines: list = []  # the pending event's lines, without newlines
         self._size = 0  # its text's length (lines and the newlines between them)
         self._state = None
         self._tentative: list = []  # lines held until the next one decides
         self._tentative_size = 0  # their length, with a newline each
+        self._old = 0  # lines held before this call, not emitted yet
+        self._out = _ItemList()
 
     def pending(self) -> int:
         """Lines held: the pending event's and the tentative ones."""
         return len(self._lines) + len(self._tentative)
 
+    def holding(self) -> list:
+        """The lines held (without newline), oldest first."""
+        return self._lines + self._tentative
+
     def feed(self, chunk: bytes) -> list:
         """The output of chunk (whole lines, CR before newline already stripped
         where it is to be)."""
-        out: list = []
+        out = self._out
+        self._old = self.pending()
+        self._last = self._clock()
         pos, size, scan = 0, len(chunk), self._rule.scan
         while pos < size:
             if not self._lines:
                 found = scan(chunk, pos)
                 if found < 0:
-                    out.append(chunk[pos:] if pos else chunk)
+                    out.lines(chunk[pos:] if pos else chunk, 0)
                     break
                 if found > pos:
-                    out.append(chunk[pos:found])
+                    out.lines(chunk[pos:found], 0)
                     pos = found
             end = chunk.index(b"\n", pos)
             self._take(chunk[pos:end], out)
             pos = end + 1
-        return out
+        return out.items()
 
     def flush(self) -> list:
         """The pending event and the tentative lines, emitted now."""
-        out: list = []
-        self._emit(out)
-        return out
+        self._old = self.pending()
+        self._emit(self._out)
+        return self._out.items()
 
-    def _take(self, line: bytes, out: list):
+    def quiet_at(self, timeout: float) -> float | None:
+        """When the pending event is quiet for timeout (clock's time), or None."""
+        return self._last + timeout if self.pending() else None
+
+    def flush_quiet(self, now: float, timeout: float) -> list:
+        """flush() if the last line came at or before now - timeout."""
+        return self.flush() if self._last + timeout <= now else []
+
+    def _take(self, line: bytes, out: _ItemList):
         if self._lines:
             step = self._rule.follows(self._state, line)
             if step is not None:
@@ -2873,7 +3073,7 @@ class Joiner:
                 if action == TENTATIVE:
                     if self._holds_too_much(line):
                         self._emit(out)  # the event ends; the held lines go on their own
-                        out.append(line + b"\n")
+                        out.lines(line + b"\n", 0)
                         return
                     self._tentative.append(line)
                     self._tentative_size += 1 + len(line)
@@ -2888,7 +3088,7 @@ class Joiner:
             self._emit(out)
         state = self._rule.begins(line)
         if state is None:
-            out.append(line + b"\n")
+            out.lines(line + b"\n", 0)
         else:
             self._state = state
             self._lines, self._size = [line], len(line)
@@ -2898,7 +3098,7 @@ class Joiner:
         return (len(self._lines) + len(self._tentative) >= self._max_lines
                 or self._size + self._tentative_size + 1 + len(line) > self._max_bytes)
 
-    def _append(self, line: bytes, out: list):
+    def _append(self, line: bytes, out: _ItemList):
         """Add line to the pending event, cutting it first at a cap."""
         if len(self._lines) >= self._max_lines or \
                 self._size + 1 + len(line) > self._max_bytes:
@@ -2909,26 +3109,26 @@ class Joiner:
         self._lines.append(line)
         self._size += 1 + len(line)
 
-    def _emit(self, out: list, cut: bool = False):
+    def _held(self, lines: int) -> int:
+        """How many of the next `lines` lines emitted were held before the call."""
+        held = min(lines, self._old)
+        self._old -= held
+        return held
+
+    def _emit(self, out: _ItemList, cut: bool = False):
         """Emit the pending event (cut: its rest follows), then the tentative
         lines as lines of their own."""
         lines = self._lines
-        if len(lines) > 1:
-            self._counters.events_joined += 1
-            self._counters.lines_joined += len(lines)
-            if out and isinstance(out[-1], Joined):
-                out[-1].texts.append(b"\n".join(lines))
-                out[-1].cut.append(cut)
-            else:
-                out.append(Joined([b"\n".join(lines)], [cut]))
+        if len(lines) > 1 or (lines and cut):
+            if len(lines) > 1:
+                self._counters.events_joined += 1
+                self._counters.lines_joined += len(lines)
+            out.event(b"\n".join(lines), cut, len(lines), self._held(len(lines)))
         elif lines:
-            if cut:
-                out.append(Joined([lines[0]], [True]))
-            else:
-                out.append(lines[0] + b"\n")
+            out.lines(lines[0] + b"\n", self._held(1))
         self._lines, self._size = [], 0
         if not cut and self._tentative:
-            out.append(b"\n".join(self._tentative) + b"\n")
+            out.lines(b"\n".join(self._tentative) + b"\n", self._held(len(self._tentative)))
             self._tentative, self._tentative_size = [], 0
 
 
@@ -2940,8 +3140,10 @@ _TEXT_SOURCE = object()  # the source of lines that are not JSON objects
 
 
 class _Source:
-    """A source's Joiner, the records (line, message) of the lines it holds,
-    oldest first, and when its last line came (the clock's time)."""
+    """A source's Joiner, the records (line, message, call, document) of the
+    lines it holds, oldest first (call: the SourceJoiner's call that took the
+    line; document: its parse, kept only within that call), and when its last
+    line came (the clock's time)."""
 
     __slots__ = ("joiner", "last", "records")
 
@@ -2958,8 +3160,9 @@ class SourceJoiner:
     joined only with lines of its own source.
 
     feed(), flush() and flush_quiet() return, in the order events complete,
-    bytes (lines as they came, each its own event: the encoder sends them as
-    it sends any line) and Joined events whose texts are, for objects, the
+    the pipeline's items (see Joiner): Segments (lines as they came, each its
+    own event: the encoder sends them as it sends any line) and Joined events
+    whose texts are, for objects, the
     first line's object with its message replaced by the messages joined by
     "\\n", as one JSON line (the other lines' fields are dropped); for other
     lines, the lines joined by b"\\n" (see JsonEncoder.encode_events).  An
@@ -2989,10 +3192,17 @@ class SourceJoiner:
         self._spare = _Source(self._joiner())  # for a source with nothing pending
         self._lines = 0  # lines held
         self._held = 0  # their bytes, each counted with MULTILINE_LINE_OVERHEAD
+        self._call = 0  # feed(), flush() and flush_quiet() calls so far
+        self._out = _ItemList()
 
     def pending(self) -> int:
         """Lines held, by all sources."""
         return self._lines
+
+    def holding(self) -> list:
+        """The lines held (as they came, without newline), oldest first."""
+        records = [record for entry in self._sources.values() for record in entry.records]
+        return [record[0] for record in sorted(records, key=operator.itemgetter(2))]
 
     def feed(self, chunk: bytes) -> list:
         """The output of chunk (whole lines, CR before newline already stripped
@@ -3000,7 +3210,8 @@ class SourceJoiner:
         scan() over what it sees of all the lines finds the first that may
         begin one: the lines before it leave as they are, in one run (not
         with java, whose scan() is right only for one stream)."""
-        out: list = []
+        self._call += 1
+        out = self._out
         now = self.clock()
         lines = chunk.split(b"\n")
         lines.pop()
@@ -3010,35 +3221,36 @@ class SourceJoiner:
         while at < size:
             if not self._sources:
                 if starts is None:
-                    parts = [b"" if part is None else part for _, part, _ in seen]
+                    parts = [b"" if part is None else part for _, part, _, _ in seen]
                     starts = list(itertools.accumulate(map(len, parts), lambda a, b: a + b + 1,
                                                        initial=0))
                     text = b"\n".join(parts) + b"\n"
                 found = self._scan(text, starts[at])
                 first = size if found < 0 else bisect.bisect_right(starts, found) - 1
                 if first > at:
-                    out.append(b"\n".join(lines[at:first]) + b"\n")
+                    out.lines(b"\n".join(lines[at:first]) + b"\n", 0,
+                              list(map(_FOURTH, seen[at:first])))
                     at = first
                     continue
             self._take(lines[at], seen[at], now, out)
             at += 1
-        return out
+        return out.items()
 
     def flush(self) -> list:
         """Every pending event and held line, emitted now, the oldest first."""
-        out: list = []
+        self._call += 1
         for source in list(self._sources):
-            self._flush_source(source, out)
-        return out
+            self._flush_source(source, self._out)
+        return self._out.items()
 
     def flush_quiet(self, now: float, timeout: float) -> list:
         """The pending events of sources whose last line came at or before
         now - timeout."""
-        out: list = []
+        self._call += 1
         for source, entry in list(self._sources.items()):
             if entry.last + timeout <= now:
-                self._flush_source(source, out)
-        return out
+                self._flush_source(source, self._out)
+        return self._out.items()
 
     def quiet_at(self, timeout: float) -> float | None:
         """When the first source with an event pending is quiet for timeout,
@@ -3047,22 +3259,24 @@ class SourceJoiner:
             return None
         return min(entry.last for entry in self._sources.values()) + timeout
 
-    def _take(self, line: bytes, classified: tuple, now: float, out: list):
-        source, seen, message = classified
+    def _take(self, line: bytes, classified: tuple, now: float, out: _ItemList):
+        source, seen, message, document = classified
         if seen is None:  # an object without a message: it ends its source's event
             self._flush_source(source, out)
-            out.append(line + b"\n")
+            out.lines(line + b"\n", 0, [document])
             return
         entry = self._sources.get(source)
         if entry is None:
             entry = self._spare
-        entry.records.append((line, message))
+        entry.records.append((line, message, self._call, document))
         self._lines += 1
         self._held += len(line) + MULTILINE_LINE_OVERHEAD
         self._emit(entry, entry.joiner.feed(seen + b"\n"), out)
         if not entry.joiner.pending():
             self._sources.pop(source, None)
             return
+        if entry.records and entry.records[-1][0] is line:  # held: its parse is not kept
+            entry.records[-1] = (line, message, self._call, None)
         entry.last = now
         if entry is self._spare:
             self._sources[source] = entry
@@ -3072,21 +3286,25 @@ class SourceJoiner:
             self._flush_source(next(iter(self._sources)), out, pushed_out=True)
 
     def _classify(self, line: bytes) -> tuple:
-        """(source, what the rule sees, message): message None for a line that
-        is not a JSON object; what the rule sees None for an object without a
-        string message."""
+        """(source, what the rule sees, message, document): message None for a
+        line that is not a JSON object; what the rule sees None for an object
+        without a string message; document the parse the encoder takes (see
+        JsonEncoder.encode_parsed), None for a line that is not an object."""
         try:
-            text = line.decode("utf-8").lstrip(_JSON_SPACE)
+            decoded = line.decode("utf-8")
+            text = decoded.lstrip(_JSON_SPACE)
             obj, end = _scan_json(text, 0) if text[:1] == "{" else (None, 0)
         except (UnicodeDecodeError, ValueError, StopIteration, RecursionError):
             obj = None
         if type(obj) is not dict or text[end:].strip(_JSON_SPACE):
-            return _TEXT_SOURCE, line, None
+            return _TEXT_SOURCE, line, None, None
         source = tuple(map(_source_value, map(obj.get, self._keys))) if self._keys else ()
         message = self._message(obj)
+        document = (text, obj, end, len(text) == len(decoded))
         if message is None:
-            return source, None, None
-        return source, message.encode("utf-8", "surrogatepass").replace(b"\n", b" "), message
+            return source, None, None, document
+        return (source, message.encode("utf-8", "surrogatepass").replace(b"\n", b" "),
+                message, document)
 
     def _message(self, obj: dict) -> str | None:
         """The message of a parsed line, as the encoder reads it, or None."""
@@ -3097,38 +3315,47 @@ class SourceJoiner:
                 message = "\n".join(m for m in message if isinstance(m, str))
         return message if isinstance(message, str) else None
 
-    def _flush_source(self, source, out: list, pushed_out: bool = False):
+    def _flush_source(self, source, out: _ItemList, pushed_out: bool = False):
         entry = self._sources.pop(source, None)
         if entry is not None:
             self._emit(entry, entry.joiner.flush(), out, pushed_out)
 
-    def _emit(self, entry: _Source, items: list, out: list, pushed_out: bool = False):
-        """The Joiner's output items, made of the held lines they stand for;
-        pushed_out (past the caps, unfinished): each event marked as a cut one
-        and counted in events_pushed_out."""
+    def _emit(self, entry: _Source, items: list, out: _ItemList, pushed_out: bool = False):
+        """The Joiner's output items, made of the held lines they stand for
+        (held: those a call before this one took); pushed_out (past the caps,
+        unfinished): each event marked as a cut one and counted in
+        events_pushed_out."""
         records = entry.records
         for item in items:
-            if isinstance(item, bytes):
-                for _ in range(item.count(b"\n")):
-                    line = self._release(records)[0]
-                    out.append(Joined([line], [True]) if pushed_out else line + b"\n")
+            if item.joins:
+                for text, cut, lines in zip(item.texts, item.cut, item.lines):
+                    self._emit_event(text, cut or pushed_out,
+                                     [self._release(records) for _ in range(lines)], out)
                     self._counters.events_pushed_out += pushed_out
                 continue
-            for text, was_cut in zip(item.texts, item.cut):
-                group = [self._release(records) for _ in range(text.count(b"\n") + 1)]
-                cut = was_cut or pushed_out
-                self._counters.events_pushed_out += pushed_out
-                if group[0][1] is None:  # lines that are not JSON objects
-                    out.append(Joined([text], [cut]))
-                    continue
-                joined = self._joined_line(group)
-                if joined is None:  # leaves line by line: not counted as joined
-                    out += [raw + b"\n" for raw, _ in group]
-                    if len(group) > 1:
-                        self._counters.events_joined -= 1
-                        self._counters.lines_joined -= len(group)
+            for _ in range(item.nlines()):
+                raw, _, call, document = self._release(records)
+                if pushed_out:
+                    out.event(raw, True, 1, call < self._call, document)
+                    self._counters.events_pushed_out += 1
                 else:
-                    out.append(Joined([joined], [cut]))
+                    out.lines(raw + b"\n", call < self._call, [document])
+
+    def _emit_event(self, text: bytes, cut: bool, group: list, out: _ItemList):
+        """One event of the Joiner (text) made of the records of its lines."""
+        held = sum(record[2] < self._call for record in group)
+        if group[0][1] is None:  # lines that are not JSON objects
+            out.event(text, cut, len(group), held)
+            return
+        joined = self._joined_line(group)
+        if joined is not None:
+            out.event(joined[0], cut, len(group), held, joined[1])
+            return
+        if len(group) > 1:  # leaves line by line: not counted as joined
+            self._counters.events_joined -= 1
+            self._counters.lines_joined -= len(group)
+        for raw, _, call, document in group:
+            out.lines(raw + b"\n", call < self._call, [document])
 
     def _release(self, records: collections.deque) -> tuple:
         record = records.popleft()
@@ -3136,14 +3363,17 @@ class SourceJoiner:
         self._held -= len(record[0]) + MULTILINE_LINE_OVERHEAD
         return record
 
-    def _joined_line(self, group: list) -> bytes | None:
-        """The first line's object with its message replaced by the group's
-        messages joined, as one JSON line; None if it cannot be written."""
+    def _joined_line(self, group: list) -> tuple | None:
+        """(line, document): the first line's object with its message replaced
+        by the group's messages joined, as one JSON line, and its parse (see
+        ParsedLines; the first line is parsed again here: a held line's parse
+        is not kept); None if it cannot be written."""
         obj = _scan_json(group[0][0].decode("utf-8").lstrip(_JSON_SPACE), 0)[0]
         key = self._message_key
-        obj[key] = "\n".join(message for _, message in group)
+        obj[key] = "\n".join(record[1] for record in group)
         try:
-            return _dump_json(obj).encode("utf-8")
+            text = _dump_json(obj)
+            return text.encode("utf-8"), (text, obj, len(text), True)
         except (ValueError, UnicodeEncodeError, RecursionError):
             return None
 
@@ -3154,6 +3384,11 @@ def _source_value(value):
     0.0, -0.0) stay sources apart, and objects and arrays are hashable."""
     return value if type(value) is str else (type(value).__name__, repr(value))
 
+
+# ------------------------------------------------------------------ queue --
+# Owns the sink interface (ByteQueue: offer, put, take_past_cap, keep_held;
+# SpoolQueue, after the spool, shares it), the Parcel it carries to the sender,
+# and --confirm's replies on stdout.
 
 class Parcel(NamedTuple):
     """The queue's unit, what the reader hands the sender: the encoded messages
@@ -3184,10 +3419,10 @@ PARCEL_OVERHEAD = 512
 class Answered(NamedTuple):
     """--confirm --multiline without a spool, in the queue beside Parcels:
     lines zmqpush answers "OK" itself, without waiting for ZeroMQ (see
-    ConfirmingJoiningReader).  The Confirmer writes `parcel` (None, or events
+    Ledger).  The Confirmer writes `parcel` (None, or events
     whose lines were answered or are answered now) into the transport whole,
     never refusing it, then gives `answers` replies "OK" and `refused`
-    refusals (lines the reader did not take, see Admission)."""
+    refusals (lines the Ledger did not take, see Admission)."""
 
     parcel: Parcel | None
     answers: int
@@ -3204,7 +3439,7 @@ def answered(parcel: Parcel | None, answers: int, refused: int = 0) -> Answered:
 
 
 class Admission(NamedTuple):
-    """--confirm --multiline without a spool: the reader asks, in order with
+    """--confirm --multiline without a spool: the Ledger asks, in order with
     what it queued before, whether it may take lines that the Joiner could
     hold (answered at once, never refused); the Confirmer says True once the
     transport is empty, waiting as long as it would for a line (see
@@ -3260,15 +3495,46 @@ REPLAY_PIECE_BYTES = DEFAULT_READ_BYTES
 class ByteQueue(asyncio.Queue):
     """asyncio.Queue bounded by the total nbytes of its Parcels, not their count.
 
+    The sink interface, which SpoolQueue shares (the reading pipeline never
+    asks which it has): offer() takes a Parcel now if there is room, put()
+    waits for room, take_past_cap() says reading stops, `durable` says
+    whether a Parcel taken outlives a crash (then --confirm answers its lines
+    once it is taken).
+
     put() waits while the queue holds maxsize bytes or more, so it holds at
     most maxsize bytes plus one Parcel, plus what put_first() adds past the bound.
     """
+
+    durable = False
 
     def _init(self, maxsize):
         super()._init(maxsize)
         self.nbytes = 0
         self.bound = maxsize
         self.rewinds = 0  # see SpoolQueue
+
+    def offer(self, parcel: Parcel) -> bool:
+        """Take parcel now if the queue holds less than its bound; False if
+        put() must wait for room.  (put_nowait's body: the plain path's step
+        per read.)"""
+        if self.nbytes >= self.bound:
+            return False
+        self._queue.append(parcel)
+        self.nbytes += parcel.nbytes
+        if self._getters:
+            self._wakeup_next(self._getters)
+        return True
+
+    def take_past_cap(self):
+        """Reading stops: memory has no cap to pass (put() waits for the sender)."""
+
+    def keep_held(self, lines: list):
+        """Lines a stage holds, answered "OK" (--confirm): memory keeps nothing
+        beyond the run (see SpoolQueue)."""
+
+    def held_found(self) -> list:
+        """Lines answered "OK" and held when a previous run ended: none in memory."""
+        return []
 
     def put_nowait(self, item):
         """Put item (the bound is put()'s to wait for: this never refuses).
@@ -3371,6 +3637,513 @@ class Replies:
             loop.remove_writer(self._fd)
 
 
+# --------------------------------------------------------------- pipeline --
+# Owns what happens to the bytes StdinReader read, built once at start-up from
+# the options (build_pipeline): framing (LineFramer) -> the stages the options
+# ask for (Joining) -> one encoder -> one sink (ByteQueue or SpoolQueue, alike
+# to it).  The plain path has no stage: framing goes straight into the bulk
+# encoder.  A stage takes and gives items (Segment, Joined) that say how many
+# lines they carry and how many were held; --confirm around stages is the
+# Ledger; the one quiet timer of the stages that hold lines is StagedPipeline's.
+
+class Pipeline:
+    """The plain path: framing, the encoder and the sink, no stage.
+
+    feed() frames, encodes and queues what one read gave, in Parcels of about
+    ENCODE_LINES lines at most, or drops them while the sink is full and
+    `dropping` (policy "drop", set by the reader: input that cannot be polled
+    never drops).  With --confirm and a durable sink (a spool), replies
+    answer each line once the sink took it.  finish() hands over the
+    unfinished last line and END."""
+
+    def __init__(self, sink: ByteQueue, *, framer: LineFramer, encoder, counters: Counters,
+                 replies: Replies | None = None):
+        self.sink = sink
+        self._framer = framer
+        self._encoder = encoder
+        self._counters = counters
+        self._replies = replies if sink.durable else None  # --confirm: answered once taken
+        self.dropping = False
+        self.stopping = False
+        self._read_at = 0.0  # when the bytes being handed were read (epoch seconds)
+
+    async def start(self):
+        """Lines a run with --confirm --multiline answered and held when it
+        ended (see Ledger) leave first; then, with --confirm and a durable
+        sink, the first "OK" (zmqpush is ready)."""
+        await self._take_held_found()
+        if self._replies is not None:
+            await self._replies.reply(True)
+
+    async def _take_held_found(self):
+        """The lines a previous run answered and held, as lines, never
+        answered again."""
+        found = self.sink.held_found()
+        if found:
+            lines = _new_tuple(Segment, (b"".join(line + b"\n" for line in found),
+                                         False, False, len(found)))
+            for parcel in self.encoded([lines]):
+                await self.put(parcel._replace(ends_line=[False] * len(parcel.messages)))
+            self.sink.keep_held([])
+
+    def stop(self):
+        """Reading stops: the sink takes what is still handed past its cap."""
+        self.stopping = True
+        self.sink.take_past_cap()
+
+    def close(self):
+        """Nothing left behind (StagedPipeline's timer and flushes)."""
+
+    def held_lines(self) -> int:
+        """Lines answered "OK" (--confirm) that a stage still holds: none."""
+        return 0
+
+    def admit_with(self, admits):
+        """--confirm without a durable sink: admits (async () -> bool) says
+        whether a stage may take lines now (see Ledger); none to ask here."""
+
+    def report(self, action):
+        """Run action, a report of the counters (SIGUSR1)."""
+        action()
+
+    async def feed(self, data: bytes, read_at: float):
+        """Frame, encode and queue data, read at read_at."""
+        self._read_at = read_at
+        await self._hand_over(self._framer.feed(data))
+
+    async def finish(self):
+        """The unfinished last line (no newline at EOF), if any, then END."""
+        await self._hand_over(self._framer.finish())
+        await self.sink.put(END)
+
+    async def _hand_over(self, segments: list):
+        """Encode segments and queue them as Parcels of about ENCODE_LINES
+        lines at most (or drop them when the sink is full)."""
+        if len(segments) == 1 and len(segments[0].lines) <= ENCODE_LINES:
+            seg = segments[0]  # the common case, at most ENCODE_LINES lines
+            messages, events = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
+                                                    self._read_at)
+            ends = [True] * len(messages)
+            if seg.continues:
+                self._counters.pieces += 1
+                ends[-1] = False
+            parcel, nevents = parcel_of(messages, events, ends), sum(events)
+            if not self._queue_nowait(parcel, nevents):  # _put(), without a coroutine
+                await self._queue_parcel(parcel, nevents)
+            return
+        for parcel in self.encoded(bounded_segments(segments, ENCODE_LINES)):
+            await self.put(parcel)
+
+    def encoded(self, items: list):
+        """The Parcels (an iterator) of items, in order, of about ENCODE_LINES
+        events each."""
+        messages, events, ends = [], [], []
+        encoder, read_at, lines = self._encoder, self._read_at, 0
+        for item in items:
+            encoded, counts, item_ends = item.encoded(encoder, read_at)
+            messages += encoded
+            events += counts
+            ends += item_ends
+            self._counters.pieces += not item_ends[-1]
+            lines += sum(counts)
+            if lines >= ENCODE_LINES:
+                yield parcel_of(messages, events, ends)
+                messages, events, ends = [], [], []
+                lines = 0
+        if messages:
+            yield parcel_of(messages, events, ends)
+
+    async def put(self, parcel: Parcel):
+        """Queue parcel, or drop it: see _queue_nowait()."""
+        nevents = sum(parcel.events)
+        if not self._queue_nowait(parcel, nevents):
+            await self._queue_parcel(parcel, nevents)
+
+    def _queue_nowait(self, parcel: Parcel, nevents: int) -> bool:
+        """Count parcel's events read and queue it, or drop them while the
+        sink is full and dropping: True.  False when it must wait for room,
+        or its lines are answered once taken (--confirm, a durable sink):
+        then _queue_parcel() queues it."""
+        self._counters.events_read += nevents
+        if self._replies is not None:
+            return False
+        if self.sink.offer(parcel):
+            return True
+        if self.dropping:
+            self._counters.events_dropped += nevents
+            return True
+        return False
+
+    async def _queue_parcel(self, parcel: Parcel, nevents: int):
+        """Queue parcel, counted read by _queue_nowait(), once there is room;
+        with --confirm and a durable sink, answer its lines then."""
+        await self.sink.put(parcel)
+        if self._replies is not None:
+            await self._replies.reply(True, parcel.ends_line.count(True))
+
+
+class Joining:
+    """The joining stage (--multiline, --multiline-pattern): a Joiner, or a
+    SourceJoiner with --json or --journal.  Takes the framer's Segments, gives
+    items: Segments and Joined events.  A piece of an over-long line ends the
+    pending event and passes as it is; a run's CR before newline is stripped
+    here where the framer says so."""
+
+    def __init__(self, joiner, timeout: float):
+        self._joiner = joiner
+        self._timeout = timeout
+
+    def feed(self, items: list) -> list:
+        out: list = []
+        joiner = self._joiner
+        for seg in items:
+            if seg.continues:  # a piece of an over-long line: the event before it ends
+                out += joiner.flush()
+                out.append(seg)
+                continue
+            chunk = seg.lines
+            if seg.strip_cr and 0x0D in chunk:
+                chunk = chunk.replace(b"\r\n", b"\n")
+            out += joiner.feed(chunk)
+        return out
+
+    def flush(self) -> list:
+        """Every line held, now."""
+        return self._joiner.flush()
+
+    def flush_due(self, now: float) -> list:
+        """What the quiet timer releases at now (the loop's time)."""
+        return self._joiner.flush_quiet(now + MIN_WINDOW, self._timeout)
+
+    def deadline(self) -> float | None:
+        """When its quiet timer is due (the loop's time), or None: nothing held."""
+        return self._joiner.quiet_at(self._timeout)
+
+    def held(self) -> int:
+        """Lines held."""
+        return self._joiner.pending()
+
+    def holding(self) -> list:
+        """The lines held (bytes, without newline), oldest first."""
+        return self._joiner.holding()
+
+
+def runs_within(seg: Segment, most: int) -> list:
+    """seg cut at line ends into Segments of about `most` bytes at most (a
+    longer line alone); a piece of a line as it is."""
+    lines = seg.lines
+    if len(lines) <= most or seg.continues:
+        return [seg]
+    out, start = [], 0
+    while start < len(lines):
+        end = lines.find(b"\n", start + most) + 1 or len(lines)
+        out.append(seg._replace(lines=lines[start:end]))
+        start = end
+    return out
+
+
+_RELEASE_ALL = operator.methodcaller("flush")  # what StagedPipeline.flushed() lets go at the end
+
+
+class StagedPipeline(Pipeline):
+    """A Pipeline with stages between framing and the encoder (see Joining).
+
+    What a stage holds leaves when the stage says so, at finish() and stop(),
+    before a SIGUSR1 report (see report()), and when its quiet timer is due:
+    the one timer, running only while a stage holds lines.  One hand-over or
+    flush at a time, in order.  With --confirm, the Ledger queues and answers."""
+
+    def __init__(self, sink: ByteQueue, stages: list, *, ledger: Ledger | None = None,
+                 run_bytes: int = 0, **kwargs):
+        super().__init__(sink, **kwargs)
+        self._stages = stages
+        self._run_bytes = run_bytes  # what a stage takes at once at most, if not 0
+        self._ledger = ledger
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._lock = asyncio.Lock()
+        self._flushes: set = set()  # tasks of timer and report flushes
+
+    def held_lines(self) -> int:
+        """Lines answered "OK" (--confirm) that the stages still hold and no
+        durable sink keeps (see Ledger)."""
+        return self.held() if self._ledger is not None and not self.sink.durable else 0
+
+    async def _take_held_found(self):
+        """With --confirm, the lines a previous run held go through the stages
+        again (see Ledger.resume); else they leave as lines."""
+        if self._ledger is None:
+            await super()._take_held_found()
+            return
+        async with self._lock:
+            await self._ledger.resume(self)
+        self._arm()
+
+    def held(self) -> int:
+        """Lines the stages hold."""
+        return sum(stage.held() for stage in self._stages)
+
+    def holding(self) -> list:
+        """The lines the stages hold (bytes, without newline), oldest first."""
+        return [line for stage in self._stages for line in stage.holding()]
+
+    def admit_with(self, admits):
+        if self._ledger is not None:
+            self._ledger.admits = admits
+
+    async def _hand_over(self, segments: list):
+        async with self._lock:
+            if self._ledger is not None:
+                await self._ledger.take(segments, self)
+            elif not self._run_bytes:
+                await self.deliver(self.through(bounded_segments(segments, ENCODE_LINES)))
+            else:  # what a stage parses of one run is alive at once (see ParsedLines)
+                for seg in bounded_segments(segments, ENCODE_LINES):
+                    for run in runs_within(seg, self._run_bytes):
+                        await self.deliver(self.through([run]))
+        self._arm()
+
+    async def finish(self):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        async with self._lock:
+            if self._ledger is not None:
+                await self._ledger.take(self._framer.finish(), self)
+            else:
+                await self.deliver(self.through(self._framer.finish()))
+            await self.deliver_held(self.flushed(_RELEASE_ALL))
+        await self.sink.put(END)
+
+    def through(self, items: list) -> list:
+        """items passed through every stage."""
+        for stage in self._stages:
+            items = stage.feed(items)
+        return items
+
+    def flushed(self, release) -> list:
+        """What release(stage) (Joining.flush or a flush_due) lets go of, each
+        stage's passed through the stages after it."""
+        items: list = []
+        for stage in self._stages:
+            items = stage.feed(items) + release(stage)
+        return items
+
+    async def deliver(self, items: list):
+        """Encode and queue items, none of whose lines was answered yet."""
+        for parcel in self.encoded(items):
+            await self.put(parcel)
+
+    async def deliver_held(self, items: list):
+        """Encode and queue items of lines held (with --confirm answered
+        already; then the sink keeps what the stages still hold)."""
+        if self._ledger is None:
+            await self.deliver(items)
+            return
+        await self._ledger.queue_answered(items, 0, self)
+        if items:
+            self.sink.keep_held(self.holding())
+
+    def _arm(self):
+        """Start the quiet timer for the first stage due, if one holds lines
+        and no timer runs."""
+        if self._timer is None:
+            due = [at for at in (stage.deadline() for stage in self._stages) if at is not None]
+            if due:
+                self._timer = self._loop.call_at(min(due), self._on_quiet)
+
+    def _on_quiet(self):
+        self._timer = None
+        if self.held() and not self.stopping:
+            self._after_flush(self._flush_quiet())
+
+    async def _flush_quiet(self):
+        async with self._lock:
+            now = self._loop.time()
+            await self.deliver_held(self.flushed(lambda stage: stage.flush_due(now)))
+        self._arm()
+
+    def report(self, action):
+        """Run action (a report of the counters) once what stages hold is queued."""
+        if not self.held():
+            action()
+            return
+
+        async def flush_then_report():
+            async with self._lock:
+                await self.deliver_held(self.flushed(_RELEASE_ALL))
+            action()
+        self._after_flush(flush_then_report())
+
+    def _after_flush(self, coroutine):
+        """Run coroutine as a task; its failure ends the run (the loop's
+        exception handler: see Shipper)."""
+        task = self._loop.create_task(coroutine)
+        self._flushes.add(task)
+        task.add_done_callback(self._flushed)
+
+    def _flushed(self, task: asyncio.Task):
+        self._flushes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._loop.call_exception_handler({"message": "flushing a multi-line event",
+                                               "exception": task.exception()})
+
+    def close(self):
+        """No timer or flush is left behind."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in self._flushes:
+            task.cancel()
+
+
+class Ledger:
+    """--confirm around stages that hold lines (--multiline): rsyslog sends a
+    line only once the one before it is answered, so no reply may wait for
+    a stage to let a line go; every line read still gets one reply, in order
+    with all the others.  Lines go through the stages one at a time, so that
+    which item holds the line just read is told by the items' held counts.
+
+    A line that leaves as a line of its own as it is read is answered as
+    without stages: once ZeroMQ took it (the Confirmer, which may refuse
+    it), or once the sink (a spool) holds it.  A line a stage holds is
+    answered "OK" at once, and so is one that leaves in an event with lines
+    held before.  What leaves later of lines answered already brings no
+    reply: without a durable sink it is queued as Answered items, which the
+    Confirmer writes into the transport whole and never refuses; with one, it
+    is spooled.  Held lines are lost only if zmqpush is killed (SIGKILL, a
+    crash) while they are held.
+
+    Without a durable sink, lines are taken only while the transport holds
+    nothing (`admits`, the Confirmer's, set by the Shipper): otherwise they
+    wait as a line waits for ZeroMQ, and are refused if it stays full
+    (rsyslog sends them again), so that what is answered and not handed stays
+    about one event, and a receiver's outage is rsyslog's to buffer.
+
+    The last piece of an over-long line (see LineFramer) never enters a
+    stage: it is answered as a line of its own, after its other pieces."""
+
+    def __init__(self, replies: Replies, durable: bool, counters: Counters):
+        self._replies = replies
+        self._durable = durable
+        self._counters = counters
+        self._tail_due = False  # a piece left: the next line is its line's last piece
+        self.admits = None  # without a durable sink: async () -> bool, whether to take lines
+
+    async def take(self, segments: list, pipeline: StagedPipeline):
+        """Pass segments through pipeline's stages line by line, queue and
+        answer them (see the class)."""
+        for seg in segments:
+            if seg.continues:  # a piece of an over-long line: the event before it ends
+                await pipeline.deliver_held(pipeline.flushed(_RELEASE_ALL))
+                await pipeline.deliver([seg])
+                self._tail_due = True
+                continue
+            chunk = seg.lines
+            if seg.strip_cr and 0x0D in chunk:
+                chunk = chunk.replace(b"\r\n", b"\n")
+            start = 0
+            while start < len(chunk):
+                end = chunk.index(b"\n", start) + 1
+                await self._take_line(chunk[start:end], pipeline)
+                start = end
+
+    async def resume(self, pipeline: StagedPipeline):
+        """The lines a previous run answered "OK" and held (a durable sink
+        keeps them, see keep_held) go through the stages again, answered
+        already: what they began goes on with the lines that follow."""
+        found = pipeline.sink.held_found()
+        for line in found:
+            out = pipeline.through([_new_tuple(Segment, (line + b"\n", False, False, 0))])
+            await self.queue_answered(out, 0, pipeline)
+        if found:
+            pipeline.sink.keep_held(pipeline.holding())
+
+    async def _take_line(self, line: bytes, pipeline: StagedPipeline):
+        """One line (ending in b"\\n"), through the stages unless it is the
+        last piece of a line, queued and answered; then a durable sink keeps
+        what the stages hold, before the line is answered if they hold it."""
+        item = _new_tuple(Segment, (line, False, False, 0))
+        if self._tail_due:
+            self._tail_due = False
+            await pipeline.deliver([item])
+            return
+        if self.admits is not None and not await self.admits():
+            await pipeline.put(answered(None, 0, 1))
+            return
+        held_before = pipeline.held()
+        out = pipeline.through([item])
+        keep = pipeline.holding() if self._durable and (held_before or pipeline.held()) \
+            else None
+        fresh = [index for index, item in enumerate(out) if item.nlines() > item.held]
+        before, line_item = out[fresh[0]].split(out[fresh[0]].held) if fresh else (None, None)
+        if line_item is None:  # held, or ending an event of lines answered before
+            await self.queue_answered(out, 0, pipeline)
+            if keep is not None:
+                pipeline.sink.keep_held(keep)
+            await self.answer(1, pipeline)
+            return
+        index = fresh[0]
+        await self.queue_answered(out[:index] + ([before] if before else []), 0, pipeline)
+        await pipeline.deliver([line_item])
+        await self.queue_answered(out[index + 1:], 0, pipeline)
+        if keep is not None:
+            pipeline.sink.keep_held(keep)
+
+    async def answer(self, lines: int, pipeline: StagedPipeline):
+        """Answer lines "OK" now: with a durable sink at once, else as an
+        Answered item, in order with what the Confirmer answers."""
+        if self._durable:
+            await self._replies.reply(True, lines)
+        else:
+            await pipeline.put(answered(None, lines))
+
+    async def queue_answered(self, items: list, answers: int, pipeline: StagedPipeline):
+        """Queue items (lines answered already, or answered with them) so that
+        they are never refused, then answer `answers` lines "OK": with a
+        durable sink, once it holds them; without, as Answered items for the
+        Confirmer."""
+        parcels = list(pipeline.encoded(items))
+        if self._durable:
+            for parcel in parcels:
+                await pipeline.put(parcel._replace(ends_line=[False] * len(parcel.messages)))
+            if answers:
+                await self.answer(answers, pipeline)
+            return
+        for parcel in parcels:
+            self._counters.events_answered += sum(parcel.events)
+            await pipeline.put(answered(parcel, 0))
+        if answers:
+            await self.answer(answers, pipeline)
+
+
+def build_pipeline(config: Config, sink: ByteQueue, *, encoder, counters: Counters,
+                   replies: Replies | None) -> Pipeline:
+    """The reading pipeline the options ask for: the plain one, or with the
+    joining stage (and --confirm's Ledger around it).  Within the running loop."""
+    parts = dict(framer=LineFramer(config.max_line_bytes), encoder=encoder,
+                 counters=counters, replies=replies)
+    multiline = config.multiline
+    if multiline is None:
+        return Pipeline(sink, **parts)
+    clock = asyncio.get_running_loop().time
+    rule = joining_rule(multiline)
+    if multiline.sources is None:
+        joiner = Joiner(rule, multiline.max_lines, multiline.max_bytes, counters, clock=clock)
+    else:
+        joiner = SourceJoiner(rule, multiline.max_lines, multiline.max_bytes, counters,
+                              keys=multiline.sources, message_key=config.json_message_key,
+                              journal=config.structured == "journal", clock=clock)
+    ledger = None if replies is None else Ledger(replies, sink.durable, counters)
+    return StagedPipeline(sink, [Joining(joiner, multiline.timeout)], ledger=ledger,
+                          run_bytes=JSON_RUN_BYTES if multiline.sources is not None else 0,
+                          **parts)
+
+
+# ------------------------------------------------------------------ input --
+# Owns stdin: non-blocking reads woken by an edge-triggered epoll, the
+# coalescing window, packet sockets, FIONREAD; what is read goes to a Pipeline.
+
 # Under glibc's smallest threshold for serving an allocation with mmap (128 KiB).
 SLOW_READ_BYTES = 32 << 10
 # The largest packet of a packet-mode pipe (O_DIRECT): Linux splits a write into
@@ -3387,12 +4160,13 @@ MIN_WINDOW = 0.001  # a shorter window saves no wake-up: the loop's timers count
 
 
 class StdinReader:
-    """Reads fd until EOF, stop() or a read error, framing and encoding, feeding
-    a ByteQueue.
+    """Reads fd until EOF, stop() or a read error, handing what it reads to a
+    Pipeline (which frames, encodes and queues it).
 
     Owns the descriptor's O_NONBLOCK flag (restored by close()) and the epoll
-    object.  While the queue is full it stops reading (policy "block": the
-    pipe fills and the producer blocks) or drops and counts (policy "drop").
+    object.  While the pipeline's sink is full it stops reading (policy
+    "block": the pipe fills and the producer blocks) or the pipeline drops
+    and counts (policy "drop").
     Regular files, /dev/null, /dev/zero and the like cannot be polled: they are
     read directly, always with policy "block" (nothing upstream waits on them,
     so dropping would only lose lines).
@@ -3423,17 +4197,10 @@ class StdinReader:
     and a hang-up end a window early; what came within it is read first.
     """
 
-    def __init__(self, fd: int, queue: ByteQueue, *, encoder: Encoder, framer: LineFramer,
-                 counters: Counters, read_bytes: int, drop_when_full: bool,
-                 coalesce: float = 0.0, replies: Replies | None = None):
+    def __init__(self, fd: int, pipeline: Pipeline, *, counters: Counters, read_bytes: int,
+                 drop_when_full: bool, coalesce: float = 0.0):
         self._fd = fd
-        self._queue = queue
-        self._replies = replies  # --confirm with a spool: answered once spooled
-        if isinstance(queue, SpoolQueue):
-            self._queue_nowait = self._spool_later
-            self._queue_parcel = self._spool_parcel
-        self._encoder = encoder
-        self._framer = framer
+        self._pipeline = pipeline
         self._counters = counters
         self._stopping = False
         self.ended = asyncio.Event()
@@ -3454,7 +4221,7 @@ class StdinReader:
         self._asking = self._read_bytes  # what the next read asks for
         self._epoll = self._watch()
         self._fifo = self._epoll is not None and stat.S_ISFIFO(mode)
-        self._drop = drop_when_full and self._epoll is not None
+        pipeline.dropping = drop_when_full and self._epoll is not None
         self._window = coalesce if self._epoll is not None else 0.0
         self._capacity = self._buffer_bytes()
         self._pace = self._window  # the window at the rate measured last (see _within_window)
@@ -3515,8 +4282,7 @@ class StdinReader:
         self._flushing = self._window_timer is not None
         self.ended.set()
         self._wake()
-        if isinstance(self._queue, SpoolQueue):
-            self._queue.take_past_cap()
+        self._pipeline.stop()
 
     def stop_when_read(self):
         """Read what stdin holds now (FIONREAD's count), never waiting for more,
@@ -3549,7 +4315,9 @@ class StdinReader:
         return b""
 
     def close(self):
-        """Unwatch and restore the descriptor's blocking flag."""
+        """Unwatch and restore the descriptor's blocking flag; the pipeline
+        leaves nothing behind."""
+        self._pipeline.close()
         if self._epoll is not None:
             self._loop.remove_reader(self._epoll.fileno())
             self._epoll.close()
@@ -3566,8 +4334,8 @@ class StdinReader:
         line and END.  A read error is raised after that, as InputError: what
         was read before it is still delivered."""
         failure, turned = None, True
-        if self._replies is not None:
-            await self._replies.reply(True)
+        feed = self._pipeline.feed
+        await self._pipeline.start()
         while not self._stopping or self._flushing:
             if not turned:
                 await asyncio.sleep(0)
@@ -3585,7 +4353,8 @@ class StdinReader:
                 break
             self._read_at = time.time()
             self._rate_bytes += len(data)
-            await self._hand_over(self._framer.feed(data), len(data))
+            self._counters.bytes_read += len(data)
+            await feed(data, self._read_at)
             # A short read that followed a wait is most likely followed by
             # EAGAIN (or, from a pipe, by _drained()), whose wait is the loop's
             # turn; any other read gets one.
@@ -3593,18 +4362,9 @@ class StdinReader:
             turned = short and waited
             self._asking = self._slow_bytes if short else self._read_bytes
         self.ended.set()
-        await self._hand_over_last()
-        await self._queue.put(END)
+        await self._pipeline.finish()
         if failure is not None:
             raise InputError(failure.strerror or str(failure)) from failure
-
-    async def _hand_over_last(self):
-        """Hand over the unfinished last line (no newline at EOF), if any."""
-        await self._hand_over(self._framer.finish(), 0)
-
-    def report(self, action):
-        """Run action, a report of the counters (SIGUSR1)."""
-        action()
 
     def _drained(self) -> bool:
         """True if fd is a pipe that holds no byte now (FIONREAD) and epoll
@@ -3705,391 +4465,6 @@ class StdinReader:
             if events & _HANGUP_EVENTS:
                 self._hung_up = True
 
-    async def _hand_over(self, segments: list, nread: int):
-        """Encode segments and queue them as Parcels of about ENCODE_LINES
-        lines at most (or drop them when the queue is full)."""
-        self._counters.bytes_read += nread
-        if len(segments) == 1 and len(segments[0].lines) <= ENCODE_LINES:
-            seg = segments[0]  # the common case, at most ENCODE_LINES lines
-            messages, events = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
-                                                    self._read_at)
-            ends = [True] * len(messages)
-            if seg.continues:
-                self._counters.pieces += 1
-                ends[-1] = False
-            parcel, nevents = parcel_of(messages, events, ends), sum(events)
-            if not self._queue_nowait(parcel, nevents):  # _put(), without a coroutine
-                await self._queue_parcel(parcel, nevents)
-            return
-        messages, events, ends = [], [], []
-        lines = 0
-        for seg in bounded_segments(segments, ENCODE_LINES):
-            encoded, counts = self._encoder.encode(seg.lines, seg.strip_cr, seg.continues,
-                                                   self._read_at)
-            messages += encoded
-            events += counts
-            ends += [True] * (len(encoded) - 1) + [not seg.continues]
-            self._counters.pieces += seg.continues
-            lines += sum(counts)
-            if lines >= ENCODE_LINES:
-                await self._put(parcel_of(messages, events, ends), lines)
-                messages, events, ends = [], [], []
-                lines = 0
-        if messages:
-            await self._put(parcel_of(messages, events, ends), lines)
-
-    async def _put(self, parcel: Parcel, nevents: int):
-        """Queue parcel (of nevents read), or drop it: see _queue_nowait()."""
-        if not self._queue_nowait(parcel, nevents):
-            await self._queue_parcel(parcel, nevents)
-
-    def _queue_nowait(self, parcel: Parcel, nevents: int) -> bool:
-        """Count parcel's events read and queue it, or drop them while the
-        queue is full and the policy is "drop": True.  False when it must
-        wait for room: then _queue_parcel() queues it.  (With a spool, always
-        False: _spool_parcel() takes every Parcel.)"""
-        self._counters.events_read += nevents
-        queue = self._queue
-        if queue.nbytes < queue.bound:
-            queue.put_nowait(parcel)
-        elif self._drop:
-            self._counters.events_dropped += nevents
-        else:
-            return False
-        return True
-
-    async def _queue_parcel(self, parcel: Parcel, nevents: int):
-        """Queue parcel, counted read by _queue_nowait(), once there is room."""
-        await self._queue.put(parcel)
-
-    @staticmethod
-    def _spool_later(parcel: Parcel, nevents: int) -> bool:
-        return False
-
-    async def _spool_parcel(self, parcel: Parcel, nevents: int):
-        """_queue_parcel with a spool: the spool takes the Parcel or, when it is
-        full, the drop policy decides; with --confirm its lines are answered
-        once it is spooled."""
-        self._counters.events_read += nevents
-        queue = self._queue
-        if not queue.spool_nowait(parcel):
-            if self._drop:
-                self._counters.events_dropped += nevents
-                return
-            try:
-                await queue.put(parcel)
-            except asyncio.CancelledError:  # the run ended while the spool could not write
-                self._counters.events_unspooled += nevents
-                raise
-        if self._replies is not None:
-            await self._replies.reply(True, parcel.ends_line.count(True))
-
-
-class JoiningReader(StdinReader):
-    """StdinReader for --multiline and --multiline-pattern: its lines go through
-    a Joiner before they are encoded (the plain reader's per-read path is left
-    as it is: this class is chosen at start-up).
-
-    A pending event leaves when the rule ends it, at EOF and stop(), before
-    a SIGUSR1 report (see report()), and after `timeout` seconds without a
-    new line: the one timer that runs only while an event is pending.
-    With --confirm, ConfirmingJoiningReader."""
-
-    def __init__(self, fd: int, queue: ByteQueue, *, joiner: Joiner, timeout: float,
-                 **kwargs):
-        super().__init__(fd, queue, **kwargs)
-        self._joiner = joiner
-        self._timeout = timeout
-        self._last_line = 0.0  # loop time of the last line taken
-        self._timer: asyncio.TimerHandle | None = None
-        self._lock = asyncio.Lock()  # one hand-over or flush at a time, in order
-        self._flushes: set = set()  # tasks of timer and report flushes
-
-    async def _hand_over(self, segments: list, nread: int):
-        """Join, encode and queue segments."""
-        async with self._lock:
-            await self._join(segments, nread)
-        self._arm()
-
-    async def _hand_over_last(self):
-        """The unfinished last line, then the pending event (at EOF or stop())."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        async with self._lock:
-            await self._join(self._framer.finish(), 0)
-            await self._queue_output(self._joiner.flush())
-
-    async def _join(self, segments: list, nread: int):
-        self._counters.bytes_read += nread
-        out = []
-        for seg in bounded_segments(segments, ENCODE_LINES):
-            if seg.continues:  # a piece of an over-long line: the event before it ends
-                out += self._joiner.flush()
-                out.append(seg)
-                continue
-            chunk = seg.lines
-            if seg.strip_cr and 0x0D in chunk:
-                chunk = chunk.replace(b"\r\n", b"\n")
-            out += self._joiner.feed(chunk)
-        await self._queue_output(out)
-        if segments:
-            self._last_line = self._loop.time()
-
-    async def _queue_output(self, out: list):
-        """Encode the Joiner's output (and pieces of over-long lines) and queue
-        it in Parcels of about ENCODE_LINES events."""
-        for parcel in self._encoded(out):
-            await self._put(parcel, sum(parcel.events))
-
-    def _encoded(self, out: list):
-        """The Parcels (an iterator) of the Joiner's output, in order."""
-        messages, events, ends = [], [], []
-        plain: list = []
-        for index, item in enumerate(out):
-            if isinstance(item, bytes):
-                plain.append(item)
-                if index + 1 < len(out) and isinstance(out[index + 1], bytes):
-                    continue
-                encoded, counts = self._encoder.encode(
-                    plain[0] if len(plain) == 1 else b"".join(plain), False, False,
-                    self._read_at)
-                plain = []
-                ends += [True] * len(encoded)
-            elif isinstance(item, Joined):
-                encoded, counts = self._encoder.encode_events(item.texts, item.cut,
-                                                              self._read_at)
-                ends += [True] * len(encoded)
-            else:  # a Segment: a piece of an over-long line
-                encoded, counts = self._encoder.encode(item.lines, item.strip_cr,
-                                                       item.continues, self._read_at)
-                ends += [True] * (len(encoded) - 1) + [False]
-                self._counters.pieces += 1
-            messages += encoded
-            events += counts
-            if len(messages) >= ENCODE_LINES:
-                yield parcel_of(messages, events, ends)
-                messages, events, ends = [], [], []
-        if messages:
-            yield parcel_of(messages, events, ends)
-
-    def _arm(self):
-        """Start the quiet timer if an event is pending and none runs."""
-        if self._timer is None and self._joiner.pending():
-            self._timer = self._loop.call_later(self._timeout, self._on_quiet)
-
-    def _on_quiet(self):
-        """The quiet timer: flush the pending event if no line came for the
-        timeout, else wait out the rest of it."""
-        self._timer = None
-        if self._joiner.pending() and not self._stopping:
-            left = self._last_line + self._timeout - self._loop.time()
-            if left > MIN_WINDOW:
-                self._timer = self._loop.call_later(left, self._on_quiet)
-            else:
-                self._after_flush(self._flush_if_quiet())
-
-    async def _flush_if_quiet(self):
-        async with self._lock:
-            if self._last_line + self._timeout - self._loop.time() <= MIN_WINDOW:
-                await self._queue_output(self._joiner.flush())
-        self._arm()
-
-    def report(self, action):
-        """Run action (a report of the counters) once the pending event is queued."""
-        if not self._joiner.pending():
-            action()
-            return
-
-        async def flush_then_report():
-            async with self._lock:
-                await self._queue_output(self._joiner.flush())
-            action()
-        self._after_flush(flush_then_report())
-
-    def _after_flush(self, coroutine):
-        """Run coroutine as a task; its failure ends the run (the loop's
-        exception handler: see Shipper)."""
-        task = self._loop.create_task(coroutine)
-        self._flushes.add(task)
-        task.add_done_callback(self._flushed)
-
-    def _flushed(self, task: asyncio.Task):
-        self._flushes.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._loop.call_exception_handler({"message": "flushing a multi-line event",
-                                               "exception": task.exception()})
-
-    def close(self):
-        """As StdinReader.close(), and no timer or flush is left behind."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        for task in self._flushes:
-            task.cancel()
-        super().close()
-
-
-class SourceJoiningReader(JoiningReader):
-    """JoiningReader for --multiline with --json or --journal: a SourceJoiner
-    joins each source's lines apart (chosen at start-up, like JoiningReader).
-    The quiet timer runs only while an event is pending, and flushes each
-    source whose last line came `timeout` seconds ago or more."""
-
-    def __init__(self, fd: int, queue: ByteQueue, *, joiner: SourceJoiner, timeout: float,
-                 **kwargs):
-        super().__init__(fd, queue, joiner=joiner, timeout=timeout, **kwargs)
-        joiner.clock = self._loop.time
-
-    def _arm(self):
-        """Start the quiet timer for the first source to go quiet, if an event
-        is pending and no timer runs."""
-        if self._timer is None:
-            due = self._joiner.quiet_at(self._timeout)
-            if due is not None:
-                self._timer = self._loop.call_at(due, self._on_quiet)
-
-    def _on_quiet(self):
-        self._timer = None
-        if self._joiner.pending() and not self._stopping:
-            self._after_flush(self._flush_if_quiet())
-
-    async def _flush_if_quiet(self):
-        async with self._lock:
-            await self._queue_output(self._joiner.flush_quiet(
-                self._loop.time() + MIN_WINDOW, self._timeout))
-        self._arm()
-
-
-class ConfirmingJoiningReader(JoiningReader):
-    """JoiningReader for --confirm: rsyslog sends a line only once the one
-    before it is answered, so no reply may wait for an event to end; every
-    line read still gets one reply, in order with all the others.
-
-    A line that leaves as a line of its own as it is read is answered as
-    without --multiline: once ZeroMQ took it (the Confirmer, which may refuse
-    it), or once it is spooled (here).  A line the Joiner holds (it begins or
-    continues a pending event, or is a blank line the next one decides on) is
-    answered "OK" at once, and so is one that ends an event as it comes.
-    What leaves later of lines answered already (a joined event, or lines of
-    their own) brings no reply: without a spool it is queued as Answered items,
-    which the Confirmer writes into the transport whole and never refuses;
-    with one, it is spooled.  Held lines are lost only if zmqpush is killed
-    (SIGKILL, a crash) while they are held: the lines of one pending event.
-
-    Without a spool, lines are taken only while the transport holds nothing
-    (`admits`, the Confirmer's, set by the Shipper): otherwise they wait as a
-    line waits for ZeroMQ, and are refused if it stays full (rsyslog sends
-    them again), so that what is answered and not handed stays about one
-    event, and a receiver's outage is rsyslog's to buffer, as without
-    --multiline.
-
-    The last piece of an over-long line (see LineFramer) is never joined: it
-    is answered as a line of its own, after its other pieces."""
-
-    def __init__(self, fd: int, queue: ByteQueue, **kwargs):
-        super().__init__(fd, queue, **kwargs)
-        self._spooled = isinstance(queue, SpoolQueue)
-        self._tail_due = False  # a piece left: the next line is its line's last piece
-        self.admits = None  # without a spool: async () -> bool, whether lines may be taken
-
-    def held_lines(self) -> int:
-        """Lines answered and still held by the Joiner."""
-        return self._joiner.pending()
-
-    async def _join(self, segments: list, nread: int):
-        """Join, encode, queue and answer segments (see the class)."""
-        self._counters.bytes_read += nread
-        for seg in bounded_segments(segments, ENCODE_LINES):
-            if seg.continues:  # a piece of an over-long line: the event before it ends
-                await self._queue_output(self._joiner.flush())
-                await self._queue_lines([seg], 0, 0)
-                self._tail_due = True
-                continue
-            chunk = seg.lines
-            if seg.strip_cr and 0x0D in chunk:
-                chunk = chunk.replace(b"\r\n", b"\n")
-            if self._tail_due:
-                self._tail_due = False
-                end = chunk.index(b"\n") + 1
-                await self._queue_lines([chunk[:end]], 0, 0)
-                chunk = chunk[end:]
-            if chunk and self.admits is not None and not await self.admits():
-                await self._put(answered(None, 0, chunk.count(b"\n")), 0)
-                continue
-            if chunk:
-                before = self._joiner.pending()
-                out = self._joiner.feed(chunk)
-                after = self._joiner.pending()
-                held = min(after, chunk.count(b"\n"))  # the chunk's lines held now
-                await self._queue_lines(out, before - (after - held), held)
-        if segments:
-            self._last_line = self._loop.time()
-
-    async def _queue_output(self, out: list):
-        """Queue what Joiner.flush() emitted: lines answered already (see _join)."""
-        await self._queue_answered(out, 0)
-
-    async def _queue_lines(self, out: list, answered_before: int, held: int):
-        """Queue out, the Joiner's output, whose first answered_before lines
-        were answered already (the Joiner's output keeps the lines' order, and
-        what it holds is always the newest lines); then answer `held` lines
-        "OK".  Joined events and lines answered already leave as answered
-        (see _queue_answered), the lines answered when handed as Parcels."""
-        runs: list = []  # [answered, items, answers], in order
-        for item in out:
-            if isinstance(item, Joined):
-                lines = sum(text.count(b"\n") + 1 for text in item.texts)
-                self._add(runs, True, item, max(0, lines - answered_before))
-                answered_before = max(0, answered_before - lines)
-                continue
-            cut = 0
-            if answered_before and isinstance(item, bytes):
-                for _ in range(min(answered_before, item.count(b"\n"))):
-                    cut = item.index(b"\n", cut) + 1
-                    answered_before -= 1
-                self._add(runs, True, item[:cut], 0)
-            if not cut:
-                self._add(runs, False, item, 0)
-            elif cut < len(item):
-                self._add(runs, False, item[cut:], 0)
-        if held:
-            self._add(runs, True, None, held)
-        for is_answered, items, answers in runs:
-            if is_answered:
-                await self._queue_answered(items, answers)
-            else:
-                await JoiningReader._queue_output(self, items)
-
-    @staticmethod
-    def _add(runs: list, is_answered: bool, item, answers: int):
-        """Add item (None: no item) and answers to the last run if it is of
-        the same kind, else to a new one."""
-        if not runs or runs[-1][0] != is_answered:
-            runs.append([is_answered, [], 0])
-        if item is not None:
-            runs[-1][1].append(item)
-        runs[-1][2] += answers
-
-    async def _queue_answered(self, out: list, answers: int):
-        """Queue out (lines answered already, or answered with it) so that
-        it is never refused, then answer `answers` lines "OK": with a spool,
-        once it is spooled; without, as Answered items for the Confirmer."""
-        parcels = list(self._encoded(out))
-        if self._spooled:
-            for parcel in parcels:
-                await self._put(parcel._replace(ends_line=[False] * len(parcel.messages)),
-                                sum(parcel.events))
-            if answers:
-                await self._replies.reply(True, answers)
-            return
-        items = [answered(parcel, 0) for parcel in parcels[:-1]]
-        if parcels or answers:
-            items.append(answered(parcels[-1] if parcels else None, answers))
-        for item in items:
-            self._counters.events_answered += sum(item.events)
-            await self._put(item, sum(item.events))
-
 
 # --------------------------------------------------------------- spooling --
 # Owns the disk spool (--spool): the directory's lock, records in segment
@@ -4103,6 +4478,7 @@ SPOOL_MAGIC = b"\xffZPr"  # 0xFF never occurs in the UTF-8 JSON of a message
 SPOOL_HEADER = struct.Struct("<4sIId")
 SPOOL_COUNT = struct.Struct("<I")
 SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
+SPOOL_FILES = ("lock", "position", "held", "held.new")  # and the segments
 MAX_SEGMENT_BYTES = 16 << 20
 # After a write error the spool is full until it is tried again this much later.
 SPOOL_RETRY = 1.0
@@ -4228,12 +4604,13 @@ class Spool:
     def _refuse_foreign(self):
         """SpoolError, before anything is created or opened, unless the directory
         holds only what a spool writes: regular files named `lock`, `position`
-        (digits and a newline; zeros or nothing where a crash tore the write)
-        or like a segment.  A spool never takes over, follows or changes what
-        someone else left (a FIFO named like a segment would block its open)."""
+        (digits and a newline; zeros or nothing where a crash tore the write),
+        `held` and `held.new` (see keep_held) or like a segment.  A spool
+        never takes over, follows or changes what someone else left (a FIFO
+        named like a segment would block its open)."""
         for name in sorted(os.listdir(self.directory)):
             path = self._path(name)
-            ours = name in ("lock", "position") or SEGMENT_NAME.match(name)
+            ours = name in SPOOL_FILES or SEGMENT_NAME.match(name)
             if not ours or not stat.S_ISREG(os.lstat(path).st_mode) or (
                     name == "position" and not self._holds_a_position(path)):
                 raise SpoolError(f"cannot use --spool {self.directory}: {name!r} in it is not "
@@ -4383,6 +4760,69 @@ class Spool:
             self._errors_said.add(exc.errno)
             warn(f"spool {self.directory}: cannot write ({exc.strerror or exc}): "
                  f"treated as full, tried again every {SPOOL_RETRY:g} s")
+
+    def held_found(self) -> list:
+        """The lines (bytes, without newline) that a previous run answered
+        "OK" and held when it ended (see keep_held); [] if none, or if the
+        file does not read as keep_held writes it."""
+        try:
+            fd = os.open(self._path("held"), os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return []
+        try:
+            data = os.read(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        lines, at = [], SPOOL_COUNT.size
+        count = SPOOL_COUNT.unpack_from(data)[0] if len(data) >= at else 0
+        for _ in range(count):
+            if at + SPOOL_COUNT.size > len(data):
+                return []
+            size = SPOOL_COUNT.unpack_from(data, at)[0]
+            lines.append(data[at + SPOOL_COUNT.size:at + SPOOL_COUNT.size + size])
+            at += SPOOL_COUNT.size + size
+        return lines if at == len(data) else []
+
+    def keep_held(self, lines: list):
+        """Record lines (bytes, without newline: what a stage holds of lines
+        answered "OK", oldest first) in the file `held`, replacing what it
+        held: written whole to held.new and renamed over it, so that a kill
+        leaves the one or the other whole; flushed as segments are with
+        --spool-sync write; none held, the file is removed.  A write error
+        is said once (what it held is then lost only if zmqpush is killed
+        while holding it)."""
+        data = SPOOL_COUNT.pack(len(lines)) + b"".join(
+            SPOOL_COUNT.pack(len(line)) + line for line in lines)
+        try:
+            if not lines:
+                self._remove_held()
+                return
+            fd = os.open(self._path("held.new"),
+                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if self._sync == 0:
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            os.rename(self._path("held.new"), self._path("held"))
+            if self._sync == 0:
+                self._sync_directory()
+        except OSError as exc:
+            if exc.errno not in self._errors_said:
+                self._errors_said.add(exc.errno)
+                warn(f"spool {self.directory}: cannot keep held lines in it "
+                     f"({exc.strerror or exc})")
+
+    def _remove_held(self):
+        try:
+            os.unlink(self._path("held"))
+        except FileNotFoundError:
+            return
+        if self._sync == 0:
+            self._sync_directory()
 
     def _close_segment_quietly(self):
         try:
@@ -4599,6 +5039,8 @@ class SpoolQueue(ByteQueue):
     from an earlier position; records up to the position handed last then
     come back as replayed Parcels.  `rewinds` counts the rewinds."""
 
+    durable = True
+
     def __init__(self, maxsize: int, spool: Spool, counters, memory_only: bool = True):
         super().__init__(maxsize)
         self._spool = spool
@@ -4610,6 +5052,10 @@ class SpoolQueue(ByteQueue):
         self._found_read = spool.safe  # what a previous run left was read up to here
         self._end_put = False
         self._end_given = False
+
+    def offer(self, parcel: Parcel) -> bool:
+        """The sink's offer (see ByteQueue): spool_nowait."""
+        return self.spool_nowait(parcel)
 
     def spool_nowait(self, parcel: Parcel) -> bool:
         """Spool parcel (and keep it in memory if it may be), or, when the
@@ -4644,13 +5090,19 @@ class SpoolQueue(ByteQueue):
 
     async def put(self, item):
         """Spool item, waiting while neither the spool nor memory may take
-        it (see spool_nowait); END: after all spooled."""
+        it (see spool_nowait); END: after all spooled.  Cancelled (the run
+        ended while the spool could not write), item's events are counted in
+        counters.events_unspooled."""
         if item is END:
             self._end_put = True
             self._wakeup_next(self._getters)
             return
-        while not self.spool_nowait(item):
-            await self._room()
+        try:
+            while not self.spool_nowait(item):
+                await self._room()
+        except asyncio.CancelledError:
+            self._counters.events_unspooled += sum(item.events)
+            raise
 
     async def _room(self):
         """Wait until the spool may take a record again (see Spool.room), or
@@ -4712,6 +5164,14 @@ class SpoolQueue(ByteQueue):
             self._counters.events_found += events
             self._found_read = parcel.end
         return parcel
+
+    def keep_held(self, lines: list):
+        """See Spool.keep_held: a kill loses no line answered "OK"."""
+        self._spool.keep_held(lines)
+
+    def held_found(self) -> list:
+        """See Spool.held_found."""
+        return self._spool.held_found()
 
     def take_past_cap(self):
         """Reading stops: what the reader still holds goes to the spool past
@@ -6261,8 +6721,8 @@ class Confirmer:
     that nothing could turn into "OK" is not made to wait.
 
     With --multiline, Answered items carry lines zmqpush answers itself (see
-    ConfirmingJoiningReader): their events are never refused; the reader
-    takes lines only once admits() says so."""
+    Ledger): their events are never refused; the Ledger takes lines only
+    once admits() says so."""
 
     def __init__(self, sender: Sender, replies: Replies, patience, counters: Counters,
                  queue: ByteQueue | None = None):
@@ -6359,7 +6819,7 @@ class Confirmer:
         self._sender.window.add(parcel)
 
     async def admits(self) -> bool:
-        """Whether the reader may take lines now (see ConfirmingJoiningReader):
+        """Whether the Ledger may take lines now (see Ledger):
         at once True if the transport and the queue are empty, otherwise asked
         through the queue, after what is queued (see _admit)."""
         if not self._sender.buffered_bytes() and self._queue.empty():
@@ -6382,7 +6842,7 @@ class Confirmer:
     async def _write_answered(self, item: Answered):
         """Write item's events (their lines were answered, or are answered now)
         into the transport whole, never refused (see _spill_whole); then
-        answer item's lines: "OK", or refused (lines the reader did not take)."""
+        answer item's lines: "OK", or refused (lines the Ledger did not take)."""
         parcel = item.parcel
         if parcel is not None:
             mark = self._sender.written_bytes()
@@ -7094,6 +7554,7 @@ class Shipper:
         self._tasks: list = []
         self._socket = PushSocket(config)
         self._reader: StdinReader | None = None
+        self._pipeline: Pipeline | None = None
         self._sender: Sender | None = None
         self._queue: ByteQueue | None = None
         self._reporter: Reporter | None = None
@@ -7164,12 +7625,10 @@ class Shipper:
         """--confirm --multiline: (events, lines) answered "OK" to rsyslog and
         never handed to ZeroMQ: events of Answered items (no spool), lines
         still held by the Joiner (the run ended while it could not queue them)."""
-        if not isinstance(self._reader, ConfirmingJoiningReader):
-            return 0, 0
         events = 0
         if self._confirmer is not None:
             events = self.counters.events_answered - self._confirmer.answered_handed()
-        return events, self._reader.held_lines()
+        return events, self._pipeline.held_lines()
 
     def _sent_everything(self) -> bool:
         """The sender finished, and no receiver went away after that (whose
@@ -7187,28 +7646,12 @@ class Shipper:
                        else SpoolQueue(config.queue_bytes, spool, self.counters))
         if config.confirm:
             self._replies = Replies(self._stop_reading, None if self._stdout_closed else 1)
-        encoder = self._encoder()
-        reading = dict(
-            encoder=encoder, framer=LineFramer(config.max_line_bytes), counters=self.counters,
+        self._pipeline = build_pipeline(config, self._queue, encoder=self._encoder(),
+                                        counters=self.counters, replies=self._replies)
+        self._reader = StdinReader(
+            self._stdin_fd, self._pipeline, counters=self.counters,
             read_bytes=config.batch_bytes if config.batch else DEFAULT_READ_BYTES,
-            drop_when_full=config.when_full == "drop", coalesce=config.coalesce,
-            replies=self._replies if spool is not None else None)
-        multiline = config.multiline
-        if multiline is None:
-            self._reader = StdinReader(self._stdin_fd, self._queue, **reading)
-        elif multiline.sources is None:
-            joiner = Joiner(joining_rule(multiline), multiline.max_lines, multiline.max_bytes,
-                            self.counters)
-            joining = ConfirmingJoiningReader if config.confirm else JoiningReader
-            self._reader = joining(self._stdin_fd, self._queue, joiner=joiner,
-                                   timeout=multiline.timeout, **reading)
-        else:
-            joiner = SourceJoiner(joining_rule(multiline), multiline.max_lines,
-                                  multiline.max_bytes, self.counters, keys=multiline.sources,
-                                  message_key=config.json_message_key,
-                                  journal=config.structured == "journal")
-            self._reader = SourceJoiningReader(self._stdin_fd, self._queue, joiner=joiner,
-                                               timeout=multiline.timeout, **reading)
+            drop_when_full=config.when_full == "drop", coalesce=config.coalesce)
         if spool is not None:
             # --confirm answers a line once spooled: one kept in memory only
             # would be answered before anything holds it for good.
@@ -7335,8 +7778,7 @@ class Shipper:
         if self.config.confirm and self._spool is None:
             self._confirmer = Confirmer(self._sender, self._replies, self._confirm_patience,
                                         self.counters, self._queue)
-            if isinstance(self._reader, ConfirmingJoiningReader):
-                self._reader.admits = self._confirmer.admits
+            self._pipeline.admit_with(self._confirmer.admits)
             sender = self._confirmer.run()
         else:
             sender = self._sender.run()
@@ -7520,7 +7962,7 @@ class Shipper:
         stops = stop_signals()
         for signum in stops:
             loop.add_signal_handler(signum, self._on_stop_signal, signum)
-        loop.add_signal_handler(signal.SIGUSR1, self._reader.report,
+        loop.add_signal_handler(signal.SIGUSR1, self._pipeline.report,
                                 self._reporter.print_stats)
         early = [signal.sigtimedwait(stops, 0) for _ in stops if signal.sigpending() & stops]
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)

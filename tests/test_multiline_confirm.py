@@ -8,6 +8,7 @@ real rsyslogd in the README's confirm mode, with the installed CLI and real
 PULL receivers on 127.0.0.1."""
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -20,7 +21,7 @@ from test_confirm_restart import confirm_ruleset
 from test_multiline import interleaved, stderr_of
 from test_rsyslog import binary
 
-from conftest import Receiver, free_port, run, start, stop_process
+from conftest import Receiver, free_port, run, start, stop_process, wait_until
 
 REFUSAL = "zmqpush: not accepted by ZeroMQ in time"
 TRACE = ["Traceback (most recent call last):", '  File "app.py", line 3, in main',
@@ -85,6 +86,39 @@ def test_one_reply_a_line_at_once_and_the_traces_arrive_joined(tmp_path, spool):
         assert receiver.messages() == ["before", "\n".join(TRACE), "between",
                                        "\n".join(GO_PANIC), "after"]
         assert "Joined 13 lines into 2 multi-line events" in err
+    finally:
+        stop_process(driver.proc)
+        receiver.stop()
+
+
+@pytest.mark.parametrize("spool", [False, True], ids=["memory", "spool"])
+def test_per_source_json_lines_one_reply_each_and_traces_joined(tmp_path, spool):
+    """--json --multiline with --confirm: two sources' traces interleaved line
+    by line; each line is answered before the next is written, and each trace
+    arrives as one event (its first line's object, messages joined), the
+    lines around them as their own."""
+    receiver = Receiver(free_port())
+    more = ["--spool", str(tmp_path / "spool")] if spool else []
+    driver = Driver(receiver.endpoint, "--json", "--multiline", "python",
+                    "--multiline-source", "app", "--multiline-timeout", "600", *more)
+
+    def line(app: str, message: str) -> str:
+        return json.dumps({"app": app, "message": message})
+    lines = [line("a", "before")]
+    for text in TRACE:
+        lines += [line("a", text), line("b", text)]
+    lines += [line("a", "after a"), "not json", line("b", "after b")]
+    try:
+        assert [driver.say(text) for text in lines] == ["OK"] * len(lines)
+        code, out, err = driver.end()
+        assert (code, out) == (0, ""), err
+        receiver.settle()
+        trace = "\n".join(TRACE)
+        assert receiver.messages() == ["before", trace, "after a", "not json", trace,
+                                       "after b"]
+        assert [event.get("app") for event in receiver.events()] == [
+            "a", "a", "a", None, "b", "b"]
+        assert "Joined 8 lines into 2 multi-line events" in err
     finally:
         stop_process(driver.proc)
         receiver.stop()
@@ -265,3 +299,48 @@ def test_rsyslog_receiver_gone_while_a_trace_is_held_then_back(tmp_path, rsyslog
         receiver.stop()
     err = (tmp_path / "zq.err").read_text()
     assert err.count("Processed ") == 1 and "Refused " in err, err
+
+
+def held_file(spool) -> bytes:
+    """What the spool's file `held` holds now (b"" when there is none)."""
+    try:
+        return (spool / "held").read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def test_rsyslog_json_spool_sigkill_mid_event_loses_no_line_answered(tmp_path,
+                                                                     rsyslogd_installed):
+    """--confirm --multiline --json --spool under rsyslogd: zmqpush is SIGKILLed
+    while the first lines of a trace are answered "OK" and held; omprog starts
+    it again, it takes the held lines back from the spool (file `held`), the
+    rest of the trace joins them, and the trace arrives whole as one event,
+    the lines around it once each (the spool's replay window may send
+    "before" again)."""
+    from test_spool_rsyslog import wait_child, zmqpush_child
+    receiver = Receiver(free_port())
+    spool = tmp_path / "spool"
+    rs, log = imfile_rsyslog(tmp_path, "--json", "--multiline", "python",
+                             "--multiline-timeout", "600", "--spool", str(spool),
+                             "-c", receiver.endpoint)
+
+    def write(*messages: str):
+        with open(log, "a") as f:
+            f.write("".join(json.dumps({"app": "a", "message": m}) + "\n" for m in messages))
+    try:
+        rs.start()
+        write("before", *TRACE[:3])
+        assert receiver.wait_for(1, 20) == 1
+        assert wait_until(lambda: TRACE[2].encode() in held_file(spool), 20)
+        time.sleep(1)  # its "OK" written after the file (a kill before it: sent again)
+        first = zmqpush_child(rs)
+        os.kill(first, signal.SIGKILL)
+        write(TRACE[3], "after")  # omprog starts zmqpush again for these
+        receiver.wait_for(3, 30)
+        receiver.settle(1)
+        assert [m for m in receiver.messages() if m != "before"] == ["\n".join(TRACE), "after"]
+        assert {e["app"] for e in receiver.events()} == {"a"}
+        assert wait_child(rs, 5) not in (None, first)
+    finally:
+        rs.stop()
+        receiver.stop()

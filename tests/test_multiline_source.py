@@ -414,9 +414,7 @@ def test_every_pending_source_leaves_at_stop_eof_and_report(receiver, how):
      "--multiline-source needs --json or --journal"),
     (["--json", "--multiline", "python", "--multiline-source", " , "],
      "invalid comma-separated list of keys value"),
-    (["--json", "--multiline", "python", "--confirm"],
-     "--multiline with --json or --journal and --confirm: not yet"),
-], ids=["no-multiline", "no-json", "empty", "confirm"])
+], ids=["no-multiline", "no-json", "empty"])
 def test_bad_source_options_are_usage_errors(args, says):
     proc = run(args, b"")
     assert proc.returncode == 2

@@ -1,0 +1,353 @@
+"""The reading pipeline's stages, each fed directly (no process, no socket):
+the framer, the Joiner with each rule and the per-source view, the encoders,
+--confirm's Ledger, the pipeline itself and the sink interface that the
+memory queue and the spool share.  Milliseconds each."""
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import zmqpush
+
+TRACE = [b"Traceback (most recent call last):", b'  File "a.py", line 1, in <module>',
+         b"    f()", b"ValueError: bad"]
+
+
+def lines_of(items: list) -> list:
+    """What items carry, as (kind, text, lines, held): a run's lines one by
+    one, a Joined's events one by one."""
+    out = []
+    for item in items:
+        if item.joins:
+            for text, cut, count in zip(item.texts, item.cut, item.lines):
+                out.append(("event", text, count, cut))
+        else:
+            out += [("line", line, 1, item.continues)
+                    for line in item.lines.split(b"\n")[:-1]]
+    return out
+
+
+def joiner(rule, max_lines=500, max_bytes=1 << 20, clock=lambda: 0.0):
+    return zmqpush.Joiner(rule, max_lines, max_bytes, zmqpush.Counters(), clock=clock)
+
+
+def chunk(lines) -> bytes:
+    return b"".join(line + b"\n" for line in lines)
+
+
+# ------------------------------------------------------------------ framer --
+
+def test_framer_keeps_the_unfinished_line_and_cuts_long_ones():
+    framer = zmqpush.LineFramer(8)
+    assert framer.feed(b"ab\ncd") == [zmqpush.Segment(b"ab\n")]
+    segments = framer.feed(b"efghijklmn\nx\n")
+    assert [(s.lines, s.continues) for s in segments] == [
+        (b"cdefghij\n", True), (b"klmn\n", False), (b"x\n", False)]
+    assert framer.feed(b"tail") == [] and framer.finish() == [
+        zmqpush.Segment(b"tail\n", strip_cr=False)]
+    assert framer.finish() == []
+
+
+# ------------------------------------------------------------------ joiner --
+
+def test_python_rule_joins_a_trace_between_plain_lines():
+    join = joiner(zmqpush.PythonRule())
+    out = join.feed(chunk([b"before", *TRACE, b"after"]))
+    assert lines_of(out) == [("line", b"before", 1, False),
+                             ("event", b"\n".join(TRACE), 4, False),
+                             ("line", b"after", 1, False)]
+    assert join.pending() == 0 and join.flush() == []
+
+
+def test_java_go_ruby_rules_join_their_traces():
+    java = [b"java.lang.IllegalStateException: x", b"\tat a.b.C.d(C.java:1)",
+            b"Caused by: java.io.IOException: y", b"\tat e.f(G.java:2)", b"\t... 3 more"]
+    go = [b"panic: oops", b"", b"goroutine 1 [running]:", b"main.main()", b"\t/x.go:3 +0x1"]
+    ruby = [b"t.rb:2:in `inner': failure (ArgumentError)", b"\tfrom t.rb:5:in `outer'"]
+    for rule, trace in ((zmqpush.JavaRule(), java), (zmqpush.GoRule(), go),
+                        (zmqpush.RubyRule(), ruby)):
+        join = joiner(rule)
+        out = join.feed(chunk([b"plain", *trace, b"plain"])) + join.flush()
+        assert lines_of(out) == [("line", b"plain", 1, False),
+                                 ("event", b"\n".join(trace), len(trace), False),
+                                 ("line", b"plain", 1, False)], rule
+
+
+def test_pattern_rule_after_and_before():
+    after = joiner(zmqpush.PatternRule(zmqpush.re.compile(rb"^\s"), False, True))
+    out = after.feed(chunk([b"head", b" more", b" more", b"next"])) + after.flush()
+    assert lines_of(out) == [("event", b"head\n more\n more", 3, False),
+                             ("line", b"next", 1, False)]
+    before = joiner(zmqpush.PatternRule(zmqpush.re.compile(rb"\\$"), False, False))
+    out = before.feed(chunk([b"a \\", b"b \\", b"c", b"d"])) + before.flush()
+    assert lines_of(out) == [("event", b"a \\\nb \\\nc", 3, False), ("line", b"d", 1, False)]
+
+
+def test_joiner_cuts_at_its_line_cap_and_says_held_lines():
+    join = joiner(zmqpush.PythonRule(), max_lines=3)
+    assert join.feed(chunk(TRACE[:2])) == [] and join.pending() == 2
+    out = join.feed(chunk(TRACE[2:]))
+    assert lines_of(out) == [("event", b"\n".join(TRACE[:3]), 3, True)]
+    assert out[0].held == 2  # two of its lines were held before this call
+    out = join.flush()
+    assert lines_of(out) == [("line", TRACE[3], 1, False)] and out[0].held == 1
+
+
+def test_joiner_quiet_timer_is_its_last_line_plus_the_timeout():
+    now = [10.0]
+    join = joiner(zmqpush.PythonRule(), clock=lambda: now[0])
+    assert join.quiet_at(3.0) is None
+    join.feed(chunk(TRACE[:2]))
+    assert join.quiet_at(3.0) == 13.0
+    assert join.flush_quiet(12.9, 3.0) == []
+    assert lines_of(join.flush_quiet(13.0, 3.0)) == [("event", b"\n".join(TRACE[:2]), 2, False)]
+
+
+def test_per_source_view_joins_each_source_apart():
+    def line(source, message):
+        return json.dumps({"src": source, "message": message}).encode()
+    join = zmqpush.SourceJoiner(zmqpush.PythonRule(), 500, 1 << 20, zmqpush.Counters(),
+                                keys=("src",), clock=lambda: 0.0)
+    mixed = []
+    for a, b in zip(TRACE, TRACE):
+        mixed += [line("a", a.decode()), line("b", b.decode())]
+    out = join.feed(chunk([*mixed, line("a", "after")]))
+    assert join.pending() == 4  # b's trace is still pending
+    events = lines_of(out)
+    assert [kind for kind, *_ in events] == ["event", "line"]
+    assert json.loads(events[0][1]) == {"src": "a", "message": "\n".join(
+        t.decode() for t in TRACE)}
+    flushed = lines_of(join.flush())
+    assert json.loads(flushed[0][1])["src"] == "b" and flushed[0][2] == 4
+
+
+def test_per_source_view_says_which_lines_were_held_before():
+    """Fed a line at a time (as --confirm's Ledger feeds it), each item says
+    how many of its lines an earlier call held: the line just fed is never
+    among them."""
+    def line(source, message):
+        return json.dumps({"src": source, "message": message}).encode() + b"\n"
+    join = zmqpush.SourceJoiner(zmqpush.PythonRule(), 500, 1 << 20, zmqpush.Counters(),
+                                keys=("src",), clock=lambda: 0.0)
+    for text in TRACE:
+        assert join.feed(line("a", text.decode())) == []
+    assert join.holding() == [line("a", t.decode())[:-1] for t in TRACE]
+    out = join.feed(line("a", "after"))
+    assert [(item.nlines(), item.held) for item in out] == [(4, 4), (1, 0)]
+
+
+# ---------------------------------------------------------------- encoders --
+
+def test_encoders_make_one_event_per_line():
+    plain = zmqpush.Encoder(b"t", 7, batch=False)
+    assert plain.encode(b"a\n\xff\n")[0] == [b'{"message":"a","type":"t","@pid":7}',
+                                             b'{"message":"\xef\xbf\xbd","type":"t","@pid":7}']
+    structured = zmqpush.JsonEncoder(b"t", 7, batch=False)
+    (event,), _ = structured.encode(b'{"a":1}\n')
+    assert json.loads(event) == {"a": 1, "type": "t", "@pid": 7}
+    (joined,), _ = plain.encode_events([b"x\ny"], [True])
+    assert json.loads(joined) == {"message": "x\ny", "type": "t", "@pid": 7,
+                                  "@continues": True}
+
+
+# ---------------------------------------------------------- sink, pipeline --
+
+class _Replies:
+    """Replies as a list: True for "OK", False for a refusal."""
+
+    def __init__(self):
+        self.said = []
+
+    async def reply(self, accepted: bool, lines: int = 1):
+        self.said += [accepted] * lines
+
+
+def _drain(queue) -> list:
+    items = []
+    while True:
+        try:
+            items.append(queue.get_nowait())
+        except asyncio.QueueEmpty:
+            return items
+
+
+def test_memory_sink_offers_up_to_its_bound():
+    async def go():
+        queue = zmqpush.ByteQueue(1000)
+        small = zmqpush.parcel_of([b"x" * 10], [1], [True])
+        assert queue.offer(small) and queue.nbytes == small.nbytes
+        big = zmqpush.parcel_of([b"x" * 1000], [1], [True])
+        assert queue.offer(big)  # under the bound when offered: taken past it
+        assert not queue.offer(small) and not queue.durable
+        queue.take_past_cap()
+        assert _drain(queue) == [small, big]
+    asyncio.run(go())
+
+
+def test_spool_sink_offers_to_the_spool(tmp_path):
+    async def go():
+        spool = zmqpush.Spool(str(tmp_path), 1 << 20, 0.0, zmqpush.Counters())
+        queue = zmqpush.SpoolQueue(1 << 20, spool, zmqpush.Counters())
+        parcel = zmqpush.parcel_of([b"m"], [1], [True])
+        assert queue.durable and queue.offer(parcel) and spool.end > 0
+        (taken,) = _drain(queue)
+        assert taken.messages == [b"m"]
+        spool.close(done=False)
+    asyncio.run(go())
+
+
+def _pipeline(config_args: list, replies=None, sink=None):
+    config = zmqpush.parse_options(["--linger", "0", *config_args], environ={})
+    sink = sink if sink is not None else zmqpush.ByteQueue(1 << 20)
+    encoder = zmqpush.Encoder(b"t", 1, batch=False)
+    return sink, zmqpush.build_pipeline(config, sink, encoder=encoder,
+                                        counters=zmqpush.Counters(), replies=replies)
+
+
+def messages_of(items: list) -> list:
+    out = []
+    for item in items:
+        parcel = getattr(item, "parcel", item)
+        if parcel is not None and parcel is not zmqpush.END:
+            out += [json.loads(m)["message"] for m in parcel.messages]
+    return out
+
+
+def test_plain_pipeline_has_no_stage_and_queues_each_line():
+    async def go():
+        sink, pipeline = _pipeline([])
+        assert type(pipeline) is zmqpush.Pipeline
+        await pipeline.feed(b"a\nb\nc", 0.0)
+        await pipeline.finish()
+        items = _drain(sink)
+        assert messages_of(items) == ["a", "b", "c"] and items[-1] is zmqpush.END
+    asyncio.run(go())
+
+
+def test_joining_pipeline_joins_across_reads_and_flushes_at_the_end():
+    async def go():
+        sink, pipeline = _pipeline(["--multiline", "python"])
+        await pipeline.feed(chunk([b"x", *TRACE[:2]]), 0.0)
+        assert pipeline.held_lines() == 0  # held, but not answered (no --confirm)
+        await pipeline.feed(chunk(TRACE[2:]), 0.0)
+        await pipeline.finish()
+        assert messages_of(_drain(sink)) == ["x", "\n".join(t.decode() for t in TRACE)]
+    asyncio.run(go())
+
+
+def test_ledger_answers_each_line_once_in_order():
+    """--confirm --multiline with a durable sink: held lines "OK" at once,
+    every line one reply, the event spooled once, with no reply due."""
+    class Durable(zmqpush.ByteQueue):
+        durable = True
+
+    async def go():
+        replies = _Replies()
+        sink, pipeline = _pipeline(["--multiline", "python", "--confirm"], replies=replies,
+                                   sink=Durable(1 << 20))
+        await pipeline.start()
+        for count, line in enumerate([b"x", *TRACE, b"y"], 2):
+            await pipeline.feed(line + b"\n", 0.0)
+            assert len(replies.said) == count  # answered before the next line comes
+        await pipeline.finish()
+        assert replies.said == [True] * 7  # the first "OK", then one a line
+        items = _drain(sink)
+        assert messages_of(items) == ["x", "\n".join(t.decode() for t in TRACE), "y"]
+        assert [p.ends_line for p in items[:-1]] == [[True], [False], [True]]
+    asyncio.run(go())
+
+
+def test_ledger_without_durable_sink_queues_answered_items():
+    async def go():
+        replies = _Replies()
+        sink, pipeline = _pipeline(["--multiline", "python", "--confirm"], replies=replies)
+        for line in TRACE[:2]:
+            await pipeline.feed(line + b"\n", 0.0)
+        assert pipeline.held_lines() == 2
+        await pipeline.finish()
+        items = _drain(sink)
+        assert [(type(i).__name__, i.answers) for i in items[:-1]] == [
+            ("Answered", 1), ("Answered", 1), ("Answered", 0)]
+        assert messages_of(items) == ["\n".join(t.decode() for t in TRACE[:2])]
+    asyncio.run(go())
+
+
+def test_ledger_with_a_spool_keeps_held_lines_for_the_next_run(tmp_path):
+    """A run killed while a trace's first lines are answered and held: the
+    spool's file `held` has them, and the next run takes them back, answered
+    already (no reply), so the rest of the trace joins them."""
+    async def run_once(lines: list, finish: bool) -> tuple:
+        counters = zmqpush.Counters()
+        spool = zmqpush.Spool(str(tmp_path), 1 << 20, float("inf"), counters)
+        queue = zmqpush.SpoolQueue(1 << 20, spool, counters)
+        replies = _Replies()
+        _, pipeline = _pipeline(["--multiline", "python", "--confirm"], replies=replies,
+                                sink=queue)
+        await pipeline.start()
+        for line in lines:
+            await pipeline.feed(line + b"\n", 0.0)
+        if finish:
+            await pipeline.finish()
+        items = _drain(queue)
+        pipeline.close()
+        spool.close(done=False)
+        return replies.said, messages_of(items), queue.held_found()
+
+    said, messages, held = asyncio.run(run_once([b"before", *TRACE[:2]], finish=False))
+    assert said == [True] * 4 and messages == ["before"] and held == TRACE[:2]
+    said, messages, held = asyncio.run(run_once([*TRACE[2:], b"after"], finish=True))
+    assert said == [True] * 4  # the first "OK", then the three new lines only
+    assert [m for m in messages if m != "before"] == [  # "before": what run 1 spooled
+        "\n".join(t.decode() for t in TRACE), "after"]
+    assert held == [] and not (tmp_path / "held").exists()
+
+
+def test_per_source_pipeline_parses_each_json_line_once(monkeypatch):
+    """--json --multiline: the joiner's parse of a line is the encoder's too,
+    over a read longer than a run the stage takes at once."""
+    parses = []
+    scan = zmqpush._scan_json
+
+    def counted(text, at):
+        parses.append(text)
+        return scan(text, at)
+    monkeypatch.setattr(zmqpush, "_scan_json", counted)
+
+    async def go():
+        sink = zmqpush.ByteQueue(1 << 30)
+        config = zmqpush.parse_options(["--json", "--multiline", "python"], environ={})
+        encoder = zmqpush.JsonEncoder(b"t", 1, batch=False)
+        pipeline = zmqpush.build_pipeline(config, sink, encoder=encoder,
+                                          counters=zmqpush.Counters(), replies=None)
+        lines = [json.dumps({"n": n, "message": f"line {n}"}).encode() for n in range(3000)]
+        lines[10:10] = [json.dumps({"message": t.decode()}).encode() for t in TRACE]
+        await pipeline.feed(chunk(lines), 0.0)
+        await pipeline.finish()
+        return lines, messages_of(_drain(sink))
+    lines, messages = asyncio.run(go())
+    assert len(b"".join(lines)) > zmqpush.JSON_RUN_BYTES
+    assert messages[10] == "\n".join(t.decode() for t in TRACE)
+    assert messages[:10] + messages[11:] == [f"line {n}" for n in range(3000)]
+    # each line once, and the joined event's first line once more (see SourceJoiner)
+    assert len(parses) == len(lines) + 1, [p for p in parses if "Traceback" in p]
+
+
+def test_a_run_without_stages_ships_lines_a_ledger_left_held(tmp_path):
+    """The spool's held lines, left by a --confirm --multiline run, leave as
+    lines when the next run has no stage (never answered again)."""
+    async def go():
+        counters = zmqpush.Counters()
+        spool = zmqpush.Spool(str(tmp_path), 1 << 20, float("inf"), counters)
+        spool.keep_held(TRACE[:2])
+        queue = zmqpush.SpoolQueue(1 << 20, spool, counters)
+        replies = _Replies()
+        _, pipeline = _pipeline(["--confirm"], replies=replies, sink=queue)
+        await pipeline.start()
+        items = _drain(queue)
+        spool.close(done=False)
+        return replies.said, items, queue.held_found()
+    said, items, held = asyncio.run(go())
+    assert said == [True] and held == []
+    assert messages_of(items) == [t.decode() for t in TRACE[:2]]
+    assert [p.ends_line for p in items] == [[False, False]]
