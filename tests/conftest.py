@@ -66,38 +66,31 @@ class RunLock:
     which thus run while no other test of this run runs.  The gate, taken briefly by
     every test and held by an `alone` one until it has the lock, keeps new tests from
     starting while an `alone` one waits (flock alone would let shared holders starve
-    it).  Consecutive `alone` tests of a worker keep the exclusive lock."""
+    it).  (Kept from one `alone` test to the next, it could deadlock: an xdist worker
+    waits for its next test before it runs the last one it has.)"""
 
     def __init__(self, directory: Path):
         self._gate = open(directory / "alone.gate", "a+b")
         self._tests = open(directory / "alone.tests", "a+b")
-        self.alone = False
 
     def take(self, alone: bool):
-        """Hold the lock for a test: exclusive if alone (kept if held already)."""
-        if alone and self.alone:
-            return
+        """Hold the lock for a test: exclusive if alone, else shared."""
         fcntl.flock(self._gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(self._tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(self._gate, fcntl.LOCK_UN)
-        self.alone = alone
 
     def release(self):
         fcntl.flock(self._tests, fcntl.LOCK_UN)
-        self.alone = False
 
     def close(self):
         self._gate.close()
         self._tests.close()
 
 
-RUN_LOCK = []  # this process's RunLock, while its session runs
-
-
 def alone(item) -> bool:
-    return item is not None and item.get_closest_marker("alone") is not None
+    return item.get_closest_marker("alone") is not None
 
 
 # Modules whose tests take longest (crash loops, receivers and rsyslogd restarted: up to
@@ -116,28 +109,19 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def run_lock(tmp_path_factory):
     lock = RunLock(run_lock_directory(tmp_path_factory))
-    RUN_LOCK.append(lock)
     yield lock
-    RUN_LOCK.remove(lock)
     lock.close()
 
 
 @pytest.fixture(autouse=True)
 def alone_or_together(request, run_lock):
-    """Every test holds the run's lock (RunLock) from before its other fixtures."""
+    """Every test holds the run's lock (RunLock) from before its other fixtures to after
+    the last of them."""
     run_lock.take(alone(request.node))
-    yield
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    """The run's lock is let go after the test's last fixture, unless the test and the
-    next one are both `alone`."""
     try:
-        return (yield)
+        yield
     finally:
-        if RUN_LOCK and not (alone(item) and alone(nextitem)):
-            RUN_LOCK[0].release()
+        run_lock.release()
 
 
 def free_port() -> int:

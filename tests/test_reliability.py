@@ -188,6 +188,7 @@ def test_sigterm_with_receiver_down_and_queue_full_still_exits_within_linger():
     port = free_port()
     proc = start(["-c", f"tcp://127.0.0.1:{port}", "--linger", "1", "--queue-bytes", "10000"])
     try:
+        wait_stop_signals_taken(proc)  # a SIGTERM during start-up reads what stdin holds
         feeder = Feeder(proc, 200_000, burst=5000, pause=0, close=False)
         feeder.start()
         time.sleep(1.5)
