@@ -62,6 +62,8 @@ EXIT_SIGNAL_BASE = 128
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:2120"
 DEFAULT_LINGER = 4.0
+# ZeroMQ delivered all it held at the close if it ended this long before --linger did.
+LINGER_MARGIN = 0.01
 DEFAULT_SNDHWM = 1000
 # --confirm without a spool answers "OK" once ZeroMQ took a line: what its queue
 # holds when zmqpush ends is lost, so it holds one message (the kernel's buffers
@@ -5821,8 +5823,9 @@ class PushSocket:
     async def close(self, linger: float, buffered: bool, handed_any: bool) -> bool:
         """Close, letting ZeroMQ deliver for at most linger seconds (what is
         still buffered in the stream, if anything, is dropped).  True if ZeroMQ
-        delivered all it held: its termination returned before the linger ran
-        out, or it was never handed anything."""
+        delivered all it held: its termination returned LINGER_MARGIN before the
+        linger ran out, or it was never handed anything.  (A linger shorter than
+        that margin cannot tell: False.)"""
         import zmq
         for sock in self._sockets:
             sock.setsockopt(zmq.LINGER, int(linger * 1000))
@@ -5838,7 +5841,7 @@ class PushSocket:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, context.term)
                                for context in self._contexts))
-        return not handed_any or time.monotonic() - began + 0.01 < linger
+        return not handed_any or time.monotonic() - began + LINGER_MARGIN < linger
 
 
 class Link:
@@ -7549,6 +7552,7 @@ class Shipper:
         self._stop_signals = 0
         self._deadline = 0.0
         self._lingered = 0.0  # seconds the sending went on after input ended
+        self._linger_left = 0.0  # of --linger, what was left for ZeroMQ at the close
         self._cause: str | None = None
         self._failed: asyncio.Future | None = None
         self._tasks: list = []
@@ -7612,7 +7616,8 @@ class Shipper:
             self._reporter.stop()
         handed = self.counters.events_handed + self.counters.events_replayed
         self._answered_lost = self._answered_unhanded()
-        delivered = await self._socket.close(max(0.0, self._deadline - time.monotonic()),
+        self._linger_left = max(0.0, self._deadline - time.monotonic())
+        delivered = await self._socket.close(self._linger_left,
                                              bool(self._sender.buffered_bytes()), bool(handed))
         if self._spool is not None:
             self._spool.close(done=delivered and self._sent_everything())
@@ -7862,7 +7867,7 @@ class Shipper:
         if unreplayed > 0:
             problems.append(f"{unreplayed} messages put back to be sent again after a receiver "
                             "went away were not handed to ZeroMQ again in the "
-                            f"{self._lingered:.1f}s waited after input ended (--linger "
+                            f"{round(self._lingered, 3):g}s waited after input ended (--linger "
                             f"{self.config.linger:g}s): lost")
         lost = counters.events_unspooled + self._memory_only_unhanded()
         answered_events, answered_lines = self._answered_lost
@@ -7881,6 +7886,9 @@ class Shipper:
         if self.config.linger == 0:
             if counters.events_read:
                 problems.append("--linger 0: delivery was not waited for")
+        elif not delivered and self._linger_left < LINGER_MARGIN:
+            problems.append("--linger ran out before ZeroMQ could be let deliver what it "
+                            "held: any message still in its queue was dropped")
         elif not delivered:
             problems.append("ZeroMQ still held undelivered messages (at most --sndhwm "
                             f"{self.config.sndhwm} per receiver) when --linger ran out")

@@ -143,6 +143,16 @@ def test_a_replay_said_lost_states_the_whole_linger_waited():
     code, stderr, _ = gone_as_input_ends(["--linger", "0.5"], None, None)
     waited = WAITED.search(stderr)
     assert code == 3 and waited and float(waited.group(1)) >= 0.5, stderr
+    # the linger was spent on the replay: ZeroMQ's queue could not be waited for
+    assert "ZeroMQ still held" not in stderr, stderr
+    assert "--linger ran out before ZeroMQ could be let deliver" in stderr, stderr
+
+
+def test_a_replay_said_lost_after_a_short_linger_says_the_time_in_milliseconds():
+    code, stderr, _ = gone_as_input_ends(["--linger", "0.04"], None, None)
+    waited = re.search(r"again in the ([0-9.]+)s waited after input ended \(--linger 0\.04s\)",
+                       stderr)
+    assert code == 3 and waited and 0.04 <= float(waited.group(1)) < 1, stderr
 
 
 def test_confirm_a_line_answered_ok_reaches_a_receiver_gone_as_input_ends():
