@@ -3,11 +3,21 @@
 
 Every line becomes {"message":LINE,"type":LOGTYPE,"@pid":PID}, the wire format
 the Logstash zeromq input (codec json) turns into one event.  The file is in
-dependency order, each part before its first user: options, encoding, framing
-and joining (the stages' items), queue (the sink interface and --confirm's
-replies), pipeline (framing -> stages -> encoder -> sink, built once from the
-options), input (stdin, feeding the pipeline), spooling (the disk sink),
-sending (which takes what the sink holds), lifecycle (which wires them).
+dependency order, each part before its first user (sections open with what they
+own):
+
+  options      the command line, its ZMQPUSH_* twins, Config, the memory budget
+  security     CURVE certificates, allowlists, the ZAP handler (Gatekeeper)
+  encoding     whole lines in, JSON messages out (plain, --json, --journal)
+  framing and joining   the counters, the stages' items, line framing, joining
+  queue        the sink interface (memory queue) and --confirm's replies
+  pipeline     framing -> stages -> encoder -> sink, built once from the options
+  input        stdin, feeding the pipeline
+  spooling     the disk sink (--spool)
+  sockets      the PUSH sockets, endpoints, descriptors, connection monitors
+  sending      the replay window, ZeroMQ's held queue, flow control, --confirm
+  reporting    stderr diagnostics, --stats, metrics, systemd notify, watchdog
+  lifecycle    Shipper: wiring, supervision, signals, linger, the exit code
 """
 from __future__ import annotations
 
@@ -1291,9 +1301,11 @@ def replayable_array_bytes(replay_bytes: int) -> int:
     return max(4096, room // STOCK_RCVHWM)
 
 
-# Security options: CURVE certificates (ZPL files) and allowlists, read and
-# checked with the other options (a bad one is a usage error).  The socket
-# options that apply them and the ZAP handler are in the sending section.
+# --------------------------------------------------------------- security --
+# Owns CURVE and the allowlists: certificates (ZPL files) and keys read and
+# checked with the other options (a bad one is a usage error: options calls
+# security_from), the socket options that apply them, and the ZAP handler
+# (Gatekeeper) that admits or refuses --bind peers and says why handshakes failed.
 
 CURVE_KEY_RE = re.compile(rb"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")  # Z85, 32 bytes
 CERT_MOST_BYTES = 64 << 10  # a certificate is a few hundred bytes
@@ -1523,6 +1535,215 @@ def security_from(opt: dict, connect: list, bind: list) -> Security:
     public, secret = read_key_pair(cert)
     return Security("server", public, secret, clients=read_clients(clients),
                     networks=networks)
+
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks (RFC 27)
+ZAP_DOMAIN = b"zmqpush"
+SAID_MOST = 1000  # refusals said one by one; past this many, only counted
+
+
+def apply_security(sock, security: Security | None):
+    """Set the CURVE options on the PUSH socket, and the ZAP domain that makes
+    libzmq ask the handler (Gatekeeper) about every incoming connection, failing
+    closed (ZAP_ENFORCE_DOMAIN) if no handler answers."""
+    if security is None:
+        return
+    import zmq
+    if security.curve == "client":
+        sock.setsockopt(zmq.CURVE_SERVERKEY, security.server_key)
+    elif security.curve == "server":
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+    if security.curve:
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, security.public_key)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, security.secret_key)
+    if security.zap():
+        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+
+
+def address_allowed(address: str, networks: tuple) -> bool:
+    """True if the peer address (as ZAP gives it) is in one of networks; an
+    IPv4 peer on an IPv6 socket (::ffff:a.b.c.d) counts as its IPv4 address."""
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    candidates = [ip] + ([ip.ipv4_mapped] if getattr(ip, "ipv4_mapped", None) else [])
+    return any(c in network for c in candidates for network in networks
+               if c.version == network.version)
+
+
+# The socket monitor's events for a failed handshake: zmq.EVENT_HANDSHAKE_FAILED_
+# NO_DETAIL (value: errno), _PROTOCOL (a protocol error code), _AUTH (ZAP status).
+HANDSHAKE_FAILED_EVENTS = 0x0800 | 0x2000 | 0x4000
+# libzmq's protocol error codes that get words of their own
+_MECHANISM_MISMATCH = 0x11000002
+_CRYPTOGRAPHIC = 0x11000001
+
+
+class Gatekeeper:
+    """Watches the security of connections.  In --bind mode with CURVE or
+    --allow it is the socket context's ZAP handler (RFC 27): a ROUTER socket on
+    inproc://zeromq.zap.01, watched by the loop through its descriptor (no
+    timer), which admits a peer only if its address is allowed and, with CURVE,
+    its public key is in --curve-clients.  A refused peer never completes the
+    handshake, so ZeroMQ never gives it a message; each refusal is counted
+    (counters.refused) and said once per address and key.
+
+    handshake_failed() takes the monitor's HANDSHAKE_FAILED_* events: counted
+    (counters.handshake_failures) and said once per endpoint and cause, with
+    what to check.  These lines print even with -q: they are errors.  libzmq
+    never reconnects after a receiver refused us (ZAP) or spoke another
+    mechanism; so, connecting, the endpoint is connected again every
+    RECONNECT_IVL_MAX_MS (a timer exists only while that lasts)."""
+
+    def __init__(self, sock, security: Security | None, counters, connect: list, bind: list):
+        import zmq
+        self._zmq = zmq
+        self._sock = sock
+        self._security = security or Security()
+        self._counters = counters
+        self._connect = connect
+        self._bind = bool(bind)
+        self._said: set = set()
+        self._retries: dict = {}  # endpoint -> TimerHandle of its next connect
+        self._loop = asyncio.get_running_loop()
+        self._handler = None
+        if not self._security.zap():
+            return
+        self._handler = sock.context.socket(zmq.ROUTER)
+        self._handler.setsockopt(zmq.LINGER, 0)
+        self._handler.bind(ZAP_ENDPOINT)
+        self._fd = self._handler.getsockopt(zmq.FD)
+        self._loop.add_reader(self._fd, self._answer)
+        self._loop.call_soon(self._answer)
+
+    def close(self):
+        """Stop answering and retrying (before the PUSH socket closes); idempotent."""
+        for timer in self._retries.values():
+            timer.cancel()
+        self._retries.clear()
+        if self._handler is not None:
+            self._loop.remove_reader(self._fd)
+            self._handler.close(linger=0)
+            self._handler = None
+
+    def _answer(self):
+        """Answer every ZAP request ready now (ZeroMQ's FD signals edges only)."""
+        zmq = self._zmq
+        while self._handler is not None and \
+                self._handler.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = self._handler.recv_multipart(zmq.NOBLOCK)
+            routing, request = frames[:2], frames[2:]
+            status, text = self.decide(request)
+            request_id = request[1] if len(request) > 1 else b""
+            self._handler.send_multipart(
+                [*routing, b"1.0", request_id, status, text, b"", b""], zmq.NOBLOCK)
+
+    def decide(self, request: list) -> tuple:
+        """(status code, text) for a ZAP request's frames: version, request id,
+        domain, address, identity, mechanism, credentials."""
+        if len(request) < 6 or request[0] != b"1.0":
+            return b"500", b"malformed ZAP request"
+        address = request[3].decode("ascii", "replace")
+        from zmq.utils import z85
+        mechanism, credentials = request[5], request[6:]
+        security = self._security
+        if security.networks and not address_allowed(address, security.networks):
+            self._refuse(address, "", f"refused a peer from {address}: not in --allow")
+            return b"400", b"address not allowed"
+        if security.curve == "server":
+            if mechanism != b"CURVE" or len(credentials) != 1 or len(credentials[0]) != 32:
+                self._refuse(address, "", f"refused a peer from {address}: no CURVE key")
+                return b"400", b"CURVE required"
+            key = z85.encode(credentials[0])
+            if key not in security.clients:
+                who = key.decode("ascii")
+                self._refuse(address, who, f"refused a client from {address}: its key "
+                             f"{who} is not in --curve-clients")
+                return b"400", b"key not allowed"
+        elif mechanism != b"NULL":
+            self._refuse(address, "", f"refused a peer from {address}: mechanism "
+                         f"{mechanism.decode('ascii', 'replace')}")
+            return b"400", b"mechanism not allowed"
+        return b"200", b"OK"
+
+    def _refuse(self, address: str, key: str, text: str):
+        self._counters.refused += 1
+        self._say_once((address, key), text)
+
+    def _say_once(self, what: tuple, text: str):
+        if what in self._said or len(self._said) > SAID_MOST:
+            return
+        self._said.add(what)
+        if len(self._said) > SAID_MOST:
+            text = f"{SAID_MOST} refusals and failed handshakes said: further ones are " \
+                "only counted (--stats)"
+        warn(text)
+
+    def handshake_failed(self, event: int, value: int, endpoint: str):
+        """A monitor HANDSHAKE_FAILED_* event (value: errno, protocol error or
+        ZAP status): count it and say once per endpoint and cause what it means."""
+        self._counters.handshake_failures += 1
+        zmq = self._zmq
+        if self._bind and event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return  # our own refusal, said by decide()
+        cause = self._cause(event, value)
+        if self._bind:
+            self._say_once((endpoint, cause), f"a peer's handshake on {endpoint} failed: {cause}")
+            return
+        self._say_once((endpoint, cause), f"handshake with {endpoint} failed (retrying; "
+                       f"lines read are kept): {cause}")
+        if event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # libzmq gave up on it
+            self._retry(endpoint)
+
+    def _retry(self, endpoint: str):
+        """Connect the configured endpoint behind endpoint again, a while from
+        now.  The monitor names it as configured, or, after one of libzmq's own
+        reconnects, with the host resolved: then only a configured endpoint
+        with the same port, if it is the only one, can be meant (with several,
+        none is touched rather than drop a healthy connection)."""
+        port = endpoint.rsplit(":", 1)[-1]
+        same_port = [c for c in self._connect if c.rsplit(":", 1)[-1] == port]
+        target = endpoint if endpoint in self._connect else \
+            same_port[0] if len(same_port) == 1 else None
+        if target is None or target in self._retries:
+            return
+        self._retries[target] = self._loop.call_later(RECONNECT_IVL_MAX_MS / 1000,
+                                                      self._reconnect, target)
+
+    def _reconnect(self, endpoint: str):
+        del self._retries[endpoint]
+        try:
+            self._sock.disconnect(endpoint)
+        except self._zmq.ZMQError:
+            pass  # libzmq had already forgotten it
+        self._sock.connect(endpoint)
+
+    def _cause(self, event: int, value: int) -> str:
+        """What a failed handshake means, in words, from our side."""
+        zmq, curve = self._zmq, self._security.curve
+        peer = "the peer" if self._bind else "the receiver"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return (f"the receiver refused us (ZAP status {value}): is our public key "
+                    f"{self._security.public_key.decode('ascii')} among its allowed clients?"
+                    if curve else f"the receiver refused us (ZAP status {value})")
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if value == _MECHANISM_MISMATCH:
+                return (f"{peer} does not speak CURVE" if curve else
+                        f"{peer} requires a security mechanism (CURVE: "
+                        + ("--curve-cert and --curve-clients)" if self._bind
+                           else "--curve-server-cert)"))
+            if value == _CRYPTOGRAPHIC:
+                return "cryptographic error: the client does not have our server key"
+            names = [name[15:] for name in dir(zmq) if name.startswith("PROTOCOL_ERROR_")
+                     and getattr(zmq, name) == value]
+            return f"protocol error {names[0] if names else ''} (0x{value:08x})"
+        if curve == "client":
+            return ("the receiver closed the connection during the CURVE handshake: it "
+                    "does not speak CURVE, or --curve-server-cert is not its certificate")
+        return f"the connection closed during the handshake ({os.strerror(value)})"
 
 
 # --------------------------------------------------------------- encoding --
@@ -5208,10 +5429,10 @@ class SpoolQueue(ByteQueue):
         return next((parcel.start for parcel in self._queue if parcel.end), self.cursor)
 
 
-# ---------------------------------------------------------------- sending --
-# Owns the PUSH sockets (options, CURVE and the ZAP handler, endpoints,
-# connection monitors, one socket per receiver with several -c, closing), the
-# replay window and its policy, flow control, and confirm mode's replies.
+# ---------------------------------------------------------------- sockets --
+# Owns the PUSH sockets: socket options, endpoints, descriptors and their limit,
+# connection monitors, one socket per receiver with several -c (Link, Fanout),
+# and closing.  CURVE and ZAP are in the security section.
 
 def import_aiozmq():
     """Import aiozmq, also on Python 3.14+ where its module import fails.
@@ -5285,215 +5506,6 @@ async def open_stream(config: Config, context, on_socket=None):
         sock.close(linger=0)
         raise
     return stream
-
-
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks (RFC 27)
-ZAP_DOMAIN = b"zmqpush"
-SAID_MOST = 1000  # refusals said one by one; past this many, only counted
-
-
-def apply_security(sock, security: Security | None):
-    """Set the CURVE options on the PUSH socket, and the ZAP domain that makes
-    libzmq ask the handler (Gatekeeper) about every incoming connection, failing
-    closed (ZAP_ENFORCE_DOMAIN) if no handler answers."""
-    if security is None:
-        return
-    import zmq
-    if security.curve == "client":
-        sock.setsockopt(zmq.CURVE_SERVERKEY, security.server_key)
-    elif security.curve == "server":
-        sock.setsockopt(zmq.CURVE_SERVER, 1)
-    if security.curve:
-        sock.setsockopt(zmq.CURVE_PUBLICKEY, security.public_key)
-        sock.setsockopt(zmq.CURVE_SECRETKEY, security.secret_key)
-    if security.zap():
-        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
-
-
-def address_allowed(address: str, networks: tuple) -> bool:
-    """True if the peer address (as ZAP gives it) is in one of networks; an
-    IPv4 peer on an IPv6 socket (::ffff:a.b.c.d) counts as its IPv4 address."""
-    import ipaddress
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    candidates = [ip] + ([ip.ipv4_mapped] if getattr(ip, "ipv4_mapped", None) else [])
-    return any(c in network for c in candidates for network in networks
-               if c.version == network.version)
-
-
-# The socket monitor's events for a failed handshake: zmq.EVENT_HANDSHAKE_FAILED_
-# NO_DETAIL (value: errno), _PROTOCOL (a protocol error code), _AUTH (ZAP status).
-HANDSHAKE_FAILED_EVENTS = 0x0800 | 0x2000 | 0x4000
-# libzmq's protocol error codes that get words of their own
-_MECHANISM_MISMATCH = 0x11000002
-_CRYPTOGRAPHIC = 0x11000001
-
-
-class Gatekeeper:
-    """Watches the security of connections.  In --bind mode with CURVE or
-    --allow it is the socket context's ZAP handler (RFC 27): a ROUTER socket on
-    inproc://zeromq.zap.01, watched by the loop through its descriptor (no
-    timer), which admits a peer only if its address is allowed and, with CURVE,
-    its public key is in --curve-clients.  A refused peer never completes the
-    handshake, so ZeroMQ never gives it a message; each refusal is counted
-    (counters.refused) and said once per address and key.
-
-    handshake_failed() takes the monitor's HANDSHAKE_FAILED_* events: counted
-    (counters.handshake_failures) and said once per endpoint and cause, with
-    what to check.  These lines print even with -q: they are errors.  libzmq
-    never reconnects after a receiver refused us (ZAP) or spoke another
-    mechanism; so, connecting, the endpoint is connected again every
-    RECONNECT_IVL_MAX_MS (a timer exists only while that lasts)."""
-
-    def __init__(self, sock, security: Security | None, counters, connect: list, bind: list):
-        import zmq
-        self._zmq = zmq
-        self._sock = sock
-        self._security = security or Security()
-        self._counters = counters
-        self._connect = connect
-        self._bind = bool(bind)
-        self._said: set = set()
-        self._retries: dict = {}  # endpoint -> TimerHandle of its next connect
-        self._loop = asyncio.get_running_loop()
-        self._handler = None
-        if not self._security.zap():
-            return
-        self._handler = sock.context.socket(zmq.ROUTER)
-        self._handler.setsockopt(zmq.LINGER, 0)
-        self._handler.bind(ZAP_ENDPOINT)
-        self._fd = self._handler.getsockopt(zmq.FD)
-        self._loop.add_reader(self._fd, self._answer)
-        self._loop.call_soon(self._answer)
-
-    def close(self):
-        """Stop answering and retrying (before the PUSH socket closes); idempotent."""
-        for timer in self._retries.values():
-            timer.cancel()
-        self._retries.clear()
-        if self._handler is not None:
-            self._loop.remove_reader(self._fd)
-            self._handler.close(linger=0)
-            self._handler = None
-
-    def _answer(self):
-        """Answer every ZAP request ready now (ZeroMQ's FD signals edges only)."""
-        zmq = self._zmq
-        while self._handler is not None and \
-                self._handler.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            frames = self._handler.recv_multipart(zmq.NOBLOCK)
-            routing, request = frames[:2], frames[2:]
-            status, text = self.decide(request)
-            request_id = request[1] if len(request) > 1 else b""
-            self._handler.send_multipart(
-                [*routing, b"1.0", request_id, status, text, b"", b""], zmq.NOBLOCK)
-
-    def decide(self, request: list) -> tuple:
-        """(status code, text) for a ZAP request's frames: version, request id,
-        domain, address, identity, mechanism, credentials."""
-        if len(request) < 6 or request[0] != b"1.0":
-            return b"500", b"malformed ZAP request"
-        address = request[3].decode("ascii", "replace")
-        from zmq.utils import z85
-        mechanism, credentials = request[5], request[6:]
-        security = self._security
-        if security.networks and not address_allowed(address, security.networks):
-            self._refuse(address, "", f"refused a peer from {address}: not in --allow")
-            return b"400", b"address not allowed"
-        if security.curve == "server":
-            if mechanism != b"CURVE" or len(credentials) != 1 or len(credentials[0]) != 32:
-                self._refuse(address, "", f"refused a peer from {address}: no CURVE key")
-                return b"400", b"CURVE required"
-            key = z85.encode(credentials[0])
-            if key not in security.clients:
-                who = key.decode("ascii")
-                self._refuse(address, who, f"refused a client from {address}: its key "
-                             f"{who} is not in --curve-clients")
-                return b"400", b"key not allowed"
-        elif mechanism != b"NULL":
-            self._refuse(address, "", f"refused a peer from {address}: mechanism "
-                         f"{mechanism.decode('ascii', 'replace')}")
-            return b"400", b"mechanism not allowed"
-        return b"200", b"OK"
-
-    def _refuse(self, address: str, key: str, text: str):
-        self._counters.refused += 1
-        self._say_once((address, key), text)
-
-    def _say_once(self, what: tuple, text: str):
-        if what in self._said or len(self._said) > SAID_MOST:
-            return
-        self._said.add(what)
-        if len(self._said) > SAID_MOST:
-            text = f"{SAID_MOST} refusals and failed handshakes said: further ones are " \
-                "only counted (--stats)"
-        warn(text)
-
-    def handshake_failed(self, event: int, value: int, endpoint: str):
-        """A monitor HANDSHAKE_FAILED_* event (value: errno, protocol error or
-        ZAP status): count it and say once per endpoint and cause what it means."""
-        self._counters.handshake_failures += 1
-        zmq = self._zmq
-        if self._bind and event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            return  # our own refusal, said by decide()
-        cause = self._cause(event, value)
-        if self._bind:
-            self._say_once((endpoint, cause), f"a peer's handshake on {endpoint} failed: {cause}")
-            return
-        self._say_once((endpoint, cause), f"handshake with {endpoint} failed (retrying; "
-                       f"lines read are kept): {cause}")
-        if event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # libzmq gave up on it
-            self._retry(endpoint)
-
-    def _retry(self, endpoint: str):
-        """Connect the configured endpoint behind endpoint again, a while from
-        now.  The monitor names it as configured, or, after one of libzmq's own
-        reconnects, with the host resolved: then only a configured endpoint
-        with the same port, if it is the only one, can be meant (with several,
-        none is touched rather than drop a healthy connection)."""
-        port = endpoint.rsplit(":", 1)[-1]
-        same_port = [c for c in self._connect if c.rsplit(":", 1)[-1] == port]
-        target = endpoint if endpoint in self._connect else \
-            same_port[0] if len(same_port) == 1 else None
-        if target is None or target in self._retries:
-            return
-        self._retries[target] = self._loop.call_later(RECONNECT_IVL_MAX_MS / 1000,
-                                                      self._reconnect, target)
-
-    def _reconnect(self, endpoint: str):
-        del self._retries[endpoint]
-        try:
-            self._sock.disconnect(endpoint)
-        except self._zmq.ZMQError:
-            pass  # libzmq had already forgotten it
-        self._sock.connect(endpoint)
-
-    def _cause(self, event: int, value: int) -> str:
-        """What a failed handshake means, in words, from our side."""
-        zmq, curve = self._zmq, self._security.curve
-        peer = "the peer" if self._bind else "the receiver"
-        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            return (f"the receiver refused us (ZAP status {value}): is our public key "
-                    f"{self._security.public_key.decode('ascii')} among its allowed clients?"
-                    if curve else f"the receiver refused us (ZAP status {value})")
-        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-            if value == _MECHANISM_MISMATCH:
-                return (f"{peer} does not speak CURVE" if curve else
-                        f"{peer} requires a security mechanism (CURVE: "
-                        + ("--curve-cert and --curve-clients)" if self._bind
-                           else "--curve-server-cert)"))
-            if value == _CRYPTOGRAPHIC:
-                return "cryptographic error: the client does not have our server key"
-            names = [name[15:] for name in dir(zmq) if name.startswith("PROTOCOL_ERROR_")
-                     and getattr(zmq, name) == value]
-            return f"protocol error {names[0] if names else ''} (0x{value:08x})"
-        if curve == "client":
-            return ("the receiver closed the connection during the CURVE handshake: it "
-                    "does not speak CURVE, or --curve-server-cert is not its certificate")
-        return f"the connection closed during the handshake ({os.strerror(value)})"
 
 
 class Closing(NamedTuple):
@@ -6131,6 +6143,11 @@ class Fanout:
     def close(self):
         """Nothing is buffered: nothing to do (the sockets close with PushSocket)."""
 
+
+# ---------------------------------------------------------------- sending --
+# Owns what is handed to ZeroMQ and what becomes of it: the replay window and
+# its policy (memory or spool), ZeroMQ's held queue, flow control (Sender), and
+# confirm mode's replies (Confirmer).
 
 class ReplayWindow:
     """What may still be in flight to a receiver, and what is done with it.
@@ -6893,9 +6910,10 @@ class Confirmer:
         return True
 
 
-# -------------------------------------------------------------- lifecycle --
-# Owns the run: wiring the parts, supervision, what is reported while it runs,
-# signals, the end-of-input linger and the exit code.
+# -------------------------------------------------------------- reporting --
+# Owns what zmqpush says about itself while it runs: stderr (--stats, SIGUSR1,
+# --progress, connection events), systemd notify and watchdog, metrics (file and
+# --metrics-listen, /healthz).
 
 class Reporter:
     """Everything zmqpush says about itself while it runs, on stderr: --stats
@@ -7528,6 +7546,10 @@ def service_publisher(config: Config, reporter: Reporter, counters: Counters,
                      stdin_fd=stdin_fd, watchdog=watchdog_interval(environ, pid),
                      listening=listening, exposition=Exposition(labels, started))
 
+
+# -------------------------------------------------------------- lifecycle --
+# Owns the run: wiring the parts, supervision, signals, the end-of-input linger
+# and the exit code.
 
 class Shipper:
     """One run: stdin -> queue -> ZeroMQ, until EOF, a signal or a failure, then
