@@ -721,7 +721,8 @@ OPTION_GROUPS = (
                help='--json: the string value of KEY becomes "message"'),
         Option(("--json-overwrite",), kind="switch", needs=(("--json",),),
                help="--json: the line's keys win over zmqpush's own (type, @pid, host, "
-               "@timestamp, -f fields, @metadata._id)"),
+               "-f fields, @metadata._id); without it the line's values they replace "
+               "are kept under @json_replaced"),
         Option(("--journal",), kind="switch", common=True,
                help="lines are `journalctl -o json --all` entries: MESSAGE, the time, "
                "priority, identifier, unit, pid and host become fields, __CURSOR the "
@@ -1024,7 +1025,8 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
 # own; "host" belongs to --host-field and --host-field-ecs (README "Logstash");
 # "@json_error" marks what --json and --journal could not merge or had to fix.
 RESERVED_FIELDS = ("message", "type", "@pid", "@continues", "@timestamp",
-                   "@metadata", "@version", "event", "tags", "host", "@json_error")
+                   "@metadata", "@version", "event", "tags", "host", "@json_error",
+                   "@json_replaced")
 
 
 def utf8(text: str, what: str) -> bytes:
@@ -2004,6 +2006,8 @@ def group_events(events: list, array_bytes: int) -> tuple:
 # line sent as text, and the deepest nesting sent (Logstash's parser refuses
 # more than 1,000 levels, Python's own recursion stops near there).
 JSON_ERROR_KEY = "@json_error"
+# Where an app's values that zmqpush's own keys replaced are kept (see merged_event).
+REPLACED_KEY = "@json_replaced"
 NUMBER_OUT_OF_RANGE = "a number out of range"
 JSON_FAILURE_TAG = "_jsonparsefailure"
 MAX_JSON_DEPTH = 100
@@ -2096,6 +2100,42 @@ def fix_reserved(obj: dict) -> list:
     return fixes
 
 
+def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = None) -> dict:
+    """An app's object (its reserved keys checked) and zmqpush's own keys
+    (ours) as one event, no value of the app's lost (README "Structured logs").
+
+    The app's valid "@timestamp" is the event's time: the read time
+    (--timestamp) goes to "event"."created" unless the app's "event" has
+    one.  On any other key both set, ours win unless overwrite, and the app's
+    values they replace are kept under REPLACED_KEY (with kept, values the
+    caller replaced already); two objects ("@metadata", "host") merge key by
+    key, the same way; "@json_error" is always ours."""
+    ours, kept = dict(ours), dict(kept or {})
+    read_time = ours.pop("@timestamp") if "@timestamp" in obj and "@timestamp" in ours else None
+    event = dict(obj)
+    for key, value in ours.items():
+        if key not in obj:
+            event[key] = value
+        elif isinstance(obj[key], dict) and isinstance(value, dict):
+            event[key] = merged_event(obj[key], value, overwrite)
+            if REPLACED_KEY in event[key]:
+                kept[key] = event[key].pop(REPLACED_KEY)
+        elif key == JSON_ERROR_KEY or not overwrite:
+            kept[key] = obj[key]
+            event[key] = value
+    if kept:
+        if REPLACED_KEY in obj:
+            kept[REPLACED_KEY] = obj[REPLACED_KEY]
+        event[REPLACED_KEY] = kept
+    if read_time is not None:
+        app_event = event.get("event")
+        if not isinstance(app_event, dict):
+            event["event"] = {"created": read_time}
+        elif "created" not in app_event:
+            event["event"] = {**app_event, "created": read_time}
+    return event
+
+
 def _json_failure(exc: BaseException) -> str:
     """Why the scanner refused a line, in the words of "@json_error"."""
     if isinstance(exc, _NotFinite):
@@ -2114,9 +2154,11 @@ class JsonEncoder:
     under target: its own text minus the closing brace, then zmqpush's keys
     (type, @pid, the fields, "@timestamp", "@metadata"), with no re-encoding,
     when none of its keys is one zmqpush writes or Logstash checks (see
-    RESERVED_CHECKS).  Otherwise the slow path (_merge) decides: zmqpush's
-    keys win unless overwrite, "@metadata" objects are merged, a reserved
-    key Logstash would refuse is kept as "_KEY" and "@json_error" says so.
+    RESERVED_CHECKS).  Otherwise the slow path (merged_event) decides:
+    zmqpush's keys win unless overwrite, the app's values they replace kept
+    under REPLACED_KEY, the app's valid "@timestamp" wins, objects are
+    merged; a reserved key Logstash would refuse is kept as "_KEY" and
+    "@json_error" says so.
     Duplicate keys pass as they are: Logstash's parser keeps the last, as
     Python's does.
 
@@ -2150,7 +2192,8 @@ class JsonEncoder:
                              else b"{" + _json_string(target.encode()) + b":")
         self._message_key = message_key
         self._overwrite = overwrite
-        ours = {k.decode() for k, _ in fields} | {"type", "@pid", JSON_ERROR_KEY}
+        ours = {k.decode() for k, _ in fields} | {"type", "@pid", "@continues",
+                                                   JSON_ERROR_KEY}
         self._watched = frozenset(ours | set(RESERVED_CHECKS)
                                   | ({message_key} if message_key else set()))
         self._cut = False  # the next line is the last piece of a line that was cut
@@ -2392,28 +2435,23 @@ class JsonEncoder:
             obj = {self._target: obj}
         else:
             fixes = fix_reserved(obj)
+        kept = {}
         if moved:
+            if "message" in obj:  # the app's own "message": kept (see merged_event)
+                kept["message"] = obj["message"]
             obj["message"] = message
         ours = json.loads(b"{" + closing)
         if not (fixes or moved) and ours.keys().isdisjoint(obj):
             return self._splice(body, bool(obj), closing)
-        return self._dump(self._merged(obj, ours), fixes) or self._failed(
-            raw, closing, NUMBER_OUT_OF_RANGE)
-
-    def _merged(self, obj: dict, ours: dict) -> dict:
-        """obj and zmqpush's keys, the second winning (ours, unless overwrite),
-        "@metadata" objects merged key by key."""
-        first, second = (ours, obj) if self._overwrite else (obj, ours)
-        event = {**first, **second}
-        if "@metadata" in first and "@metadata" in second:
-            event["@metadata"] = {**first["@metadata"], **second["@metadata"]}
-        return event
+        if fixes:
+            ours[JSON_ERROR_KEY] = "; ".join(fixes)
+        return self._dump(merged_event(obj, ours, self._overwrite, kept), fixes) or \
+            self._failed(raw, closing, NUMBER_OUT_OF_RANGE)
 
     def _dump(self, event: dict, fixes: list) -> bytes:
-        """event as JSON, with "@json_error" when reserved keys were fixed;
-        b"" if a number in it is out of range (1e400 parses as infinity)."""
-        if fixes:
-            event[JSON_ERROR_KEY] = "; ".join(fixes)
+        """event as JSON, counted in json_fixed when fixes (their "@json_error"
+        set already); b"" if a number in it is out of range (1e400 parses as
+        infinity)."""
         try:
             text = _dump_json(event)
         except ValueError:
@@ -2538,7 +2576,9 @@ class JournalEncoder(JsonEncoder):
     __REALTIME_TIMESTAMP (microseconds) "@timestamp"; __CURSOR "@metadata"
     "_id"; the JOURNAL_FIELDS their names (ECS paths with ecs; a repeated
     one gives its first value); every other field goes under "journald".
-    The entry's time and cursor win over --timestamp and --event-id."""
+    The entry's fields win over zmqpush's keys (see merged_event): its time
+    over --timestamp's (kept as "event"."created"), its cursor over
+    --event-id."""
 
     splices = False
 
@@ -2553,11 +2593,10 @@ class JournalEncoder(JsonEncoder):
             return self._failed(raw, closing, refusal)
         ours = json.loads(b"{" + closing)
         entry, notes = self._entry(obj)
-        event = {**ours, **entry}
-        for key in ("host", "@metadata"):
-            if isinstance(ours.get(key), dict) and isinstance(entry.get(key), dict):
-                event[key] = {**ours[key], **entry[key]}
-        return self._dump(event, notes) or self._failed(raw, closing, NUMBER_OUT_OF_RANGE)
+        if notes:
+            ours[JSON_ERROR_KEY] = "; ".join(notes)
+        return self._dump(merged_event(entry, ours, True), notes) or \
+            self._failed(raw, closing, NUMBER_OUT_OF_RANGE)
 
     def _entry(self, obj: dict) -> tuple:
         """(fields, notes): the entry's fields as the event carries them."""

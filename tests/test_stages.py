@@ -151,6 +151,47 @@ def test_encoders_make_one_event_per_line():
                                   "@continues": True}
 
 
+def test_json_encoder_keeps_every_app_value_its_own_keys_replace():
+    """The app-field rule: zmqpush's keys win (unless --json-overwrite), the
+    app's values they replace go under "@json_replaced"; the app's valid
+    "@timestamp" is the event's, the read time "event"."created"."""
+    fields = ((b"host", b"shipper"),)
+    line = (b'{"type":"audit","host":"web-3","@timestamp":"2020-01-01T00:00:00Z",'
+            b'"@json_replaced":1,"@continues":"mine","@metadata":{"_id":"a","k":1}}\n')
+    encoder = zmqpush.JsonEncoder(b"t", 7, batch=False, fields=fields, timestamp=True,
+                                  run_id="r")
+    (event,), _ = encoder.encode(line, read_at=1e9)
+    assert json.loads(event) == {
+        "type": "t", "host": "shipper", "@timestamp": "2020-01-01T00:00:00Z",
+        "@json_replaced": {"type": "audit", "host": "web-3", "@metadata": {"_id": "a"},
+                           "@json_replaced": 1},
+        "@continues": "mine", "@metadata": {"_id": "r-0", "k": 1}, "@pid": 7,
+        "event": {"created": "2001-09-09T01:46:40.000Z"}}
+    overwrite = zmqpush.JsonEncoder(b"t", 7, batch=False, fields=fields, overwrite=True)
+    (event,), _ = overwrite.encode(b'{"type":"audit","event":{"created":"x"}}\n')
+    assert json.loads(event) == {"type": "audit", "event": {"created": "x"}, "@pid": 7,
+                                 "host": "shipper"}
+
+
+def test_json_encoder_keeps_the_app_message_and_error_it_replaces():
+    moved = zmqpush.JsonEncoder(b"t", 7, batch=False, message_key="msg", overwrite=True)
+    (event,), _ = moved.encode(b'{"msg":"m","message":"own","tags":1,"@json_error":"e"}\n')
+    event = json.loads(event)
+    assert (event["message"], event["_tags"]) == ("m", 1)
+    assert event["@json_replaced"] == {"message": "own", "@json_error": "e"}
+    assert event["@json_error"].startswith("tags not a string")
+
+
+def test_journal_encoder_keeps_the_read_time_beside_the_entry_time():
+    encoder = zmqpush.JournalEncoder(b"t", 7, batch=False, timestamp=True)
+    entry = b'{"MESSAGE":"m","__REALTIME_TIMESTAMP":"1000000","type":"x"}\n'
+    (event,), _ = encoder.encode(entry, read_at=1e9)
+    assert json.loads(event) == {"type": "t", "@pid": 7, "message": "m",
+                                 "@timestamp": "1970-01-01T00:00:01.000000Z",
+                                 "journald": {"type": "x"},
+                                 "event": {"created": "2001-09-09T01:46:40.000Z"}}
+
+
 # ---------------------------------------------------------- sink, pipeline --
 
 class _Replies:

@@ -183,7 +183,7 @@ def test_reserved_keys_logstash_would_refuse_are_moved_and_said(receiver):
     assert f"fixed fields of {fixed} events" in proc.stderr.decode()
 
 
-def test_zmqpush_keys_win_unless_overwrite(receiver):
+def test_zmqpush_keys_win_unless_overwrite_and_no_app_value_is_lost(receiver):
     line = (b'{"type":"mine","@pid":1,"dc":"x","host":"h","@timestamp":"2020-01-01T00:00:00Z",'
             b'"@metadata":{"_id":"theirs","k":1},"keep":true}\n')
     args = ["app", "--json", "-f", "dc=eu1", "--host-field", "--timestamp", "--event-id",
@@ -192,13 +192,19 @@ def test_zmqpush_keys_win_unless_overwrite(receiver):
     assert run([*args, "--json-overwrite"], line).returncode == 0
     ours, theirs = events_of(receiver, 2)
     assert ours["type"] == "app" and ours["dc"] == "eu1" and ours["@pid"] != 1
-    assert ours["host"] != "h" and ours["@timestamp"] != "2020-01-01T00:00:00Z"
-    assert ours["@metadata"]["k"] == 1 and ours["@metadata"]["_id"].endswith("-0")
-    assert ours["keep"] is True
-    assert {k: theirs[k] for k in ("type", "@pid", "dc", "host", "@timestamp")} == {
-        "type": "mine", "@pid": 1, "dc": "x", "host": "h",
-        "@timestamp": "2020-01-01T00:00:00Z"}
+    assert ours["host"] != "h" and ours["@metadata"]["_id"].endswith("-0")
+    assert ours["@metadata"]["k"] == 1 and ours["keep"] is True
+    assert ours["@json_replaced"] == {"type": "mine", "@pid": 1, "dc": "x", "host": "h",
+                                      "@metadata": {"_id": "theirs"}}
+    assert "@json_error" not in ours
+    for event in (ours, theirs):  # the app's valid time is the event's; the read time kept
+        assert event["@timestamp"] == "2020-01-01T00:00:00Z"
+        assert event["event"]["created"].startswith("20") and \
+            event["event"]["created"] != "2020-01-01T00:00:00Z"
+    assert {k: theirs[k] for k in ("type", "@pid", "dc", "host")} == {
+        "type": "mine", "@pid": 1, "dc": "x", "host": "h"}
     assert theirs["@metadata"] == {"_id": "theirs", "k": 1}
+    assert "@json_replaced" not in theirs
 
 
 def test_target_key_and_message_key(receiver):
