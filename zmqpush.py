@@ -43,7 +43,6 @@ import bisect
 import collections
 import errno
 import fcntl
-import functools
 import itertools
 import json
 import json.encoder
@@ -138,7 +137,7 @@ MULTILINE_PRESETS = ("python", "java", "go", "ruby")
 DEFAULT_MULTILINE_MAX_LINES = 500
 DEFAULT_MULTILINE_TIMEOUT = 3.0
 MULTILINE_MATCH_BYTES = 256
-# Joining per source (--multiline with --json or --journal, see SourceJoiner):
+# Joining per source (--multiline with --json or --journal, see ObjectView):
 # journald's fields of one process's lines (systemd.journal-fields(7)), what the
 # sources pending at once hold together at most (each held line counted with
 # MULTILINE_LINE_OVERHEAD for its record, its message and their slots), and how
@@ -1252,7 +1251,7 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
                joining_bytes: int = 0) -> tuple:
     """(queue bytes, replay bytes) whose worst case fits --memory-bytes, with
     parses as memory_need takes it, joining_bytes for what joining per source
-    holds (see SourceJoiner) and a socket for each -c endpoint (one for all
+    holds (see ObjectView) and a socket for each -c endpoint (one for all
     --bind ones).
 
     Settings that fit come back as they are.  Otherwise what the user did not
@@ -2224,7 +2223,7 @@ class JsonEncoder:
 
     def encode_parsed(self, lines: bytes, documents: list, read_at: float = 0.0) -> tuple:
         """As encode() for whole lines (CR stripped) that a stage parsed already
-        (see SourceJoiner._classify): documents[i] is line i's (text without
+        (see ObjectView._record): documents[i] is line i's (text without
         leading whitespace, object, end, whether nothing was stripped), or
         None for a line that is not an object (or whose parse was not kept:
         it is parsed here).  No line is parsed again."""
@@ -2255,7 +2254,7 @@ class JsonEncoder:
 
     def encode_events(self, texts: list, cut: list, read_at: float = 0.0,
                       documents: list | None = None) -> tuple:
-        """Encode whole events (--multiline per source, see SourceJoiner), one
+        """Encode whole events (--multiline per source, see ObjectView), one
         per text, as encode() does a line; cut[i] adds "@continues":true.  A
         text that holds b"\\n" is lines that were not JSON objects, joined: it
         goes out as one such line does, its newlines escaped in "message"
@@ -2341,7 +2340,9 @@ class JsonEncoder:
                 and all(map(self._watched.isdisjoint, objects))
                 and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
                 and not self._may_be_too_deep(text, texts)
-                and not (may_hold_bracket_key(text) and any(map(bracket_key, objects))))
+                and not (may_hold_bracket_key(text) and any(
+                    bracket_key(obj) for line, obj in zip(texts, objects)
+                    if may_hold_bracket_key(line))))
 
     @staticmethod
     def _may_be_too_deep(text: str, texts: list) -> bool:
@@ -2633,7 +2634,8 @@ class JournalEncoder(JsonEncoder):
 # ---------------------------------------------------- framing and joining --
 # Owns the counters, and what the reading pipeline's stages pass: Segments
 # (line framing) and Joined events (joining lines into multi-line events,
-# --multiline: the rules, the Joiner, and per source the SourceJoiner).
+# --multiline: the rules, and the Joiner with its views of a line: TextView,
+# ObjectView per source).
 
 class Counters:
     """What happened so far, counted where it happens (reader, sender, monitor)."""
@@ -2659,7 +2661,7 @@ class Counters:
         self.events_joined = 0  # --multiline: events of several lines
         self.lines_joined = 0  # the lines in them
         self.events_cut = 0  # events cut at a --multiline cap
-        self.events_pushed_out = 0  # unfinished, past the per-source caps (SourceJoiner)
+        self.events_pushed_out = 0  # unfinished, past the per-source caps (ObjectView)
         self.events_answered = 0  # --confirm --multiline, no spool: in Answered items
         self.json_failures = 0  # --json, --journal: lines sent as text (see JsonEncoder)
         self.json_fixed = 0  # --json, --journal: events with a field moved or noted
@@ -2978,7 +2980,7 @@ class JavaRule:
 
     HEAD, TRACE = range(2)
     # scan() passes over a head that no frame follows in the chunk: right for
-    # one stream of lines, not for lines of several sources (see SourceJoiner).
+    # one stream of lines, not for lines of several sources (see ObjectView).
     scans_one_stream = True
 
     def __init__(self):
@@ -3254,207 +3256,108 @@ class _ItemList:
             self._run, self._run_held, self._documents, self._joined = [], 0, None, None
 
 
-class Joiner:
-    """Groups complete lines into events by a rule; holds at most one pending
-    event (at most max_lines lines and max_bytes bytes: past either it is cut
-    and the rest goes on in a new event) and the blank lines whose fate the
-    next line decides.
+class _Pending:
+    """One source's pending event in a Joiner: the records of its lines (what
+    the view keeps of each), their size as the rule saw them, the rule's
+    state, the tentative lines whose fate the next line decides (record and
+    what the rule saw), when its last line came (the clock's time), and how
+    many of its lines a call before this one took (old, as of call)."""
 
-    feed(), flush() and flush_quiet() return, in order, the pipeline's items:
-    Segments (runs of whole lines, each its own event) and Joined events; an
-    event of one line leaves as a line.  Each item says how many of its
-    lines were held before the call (see Segment.held): what the Joiner
-    holds is always its newest lines, and leaves oldest first.  Counts the
-    events and lines joined and the events cut.  clock() (the loop's time)
-    stamps the last line, for the quiet timer (quiet_at)."""
+    __slots__ = ("call", "last", "old", "records", "size", "state", "tentative",
+                 "tentative_size")
+
+    def __init__(self, state, record, size: int, call: int, now: float):
+        self.records = [record]
+        self.size = size
+        self.state = state
+        self.tentative: list = []
+        self.tentative_size = 0
+        self.last = now
+        self.old = 0
+        self.call = call
+
+    def count(self) -> int:
+        return len(self.records) + len(self.tentative)
+
+
+class TextView:
+    """A Joiner's view of text lines (--multiline): the rule sees each line
+    itself, all lines are one source, a line is its own record."""
+
+    caps = None  # no cap beyond the Joiner's own per event
+    scan_of = None  # the rule's scan() as it is
+
+    @staticmethod
+    def seen(chunk: bytes) -> tuple:
+        """(what the rule sees of chunk's lines, one line each; their records,
+        or None where a record is the line seen)."""
+        return chunk, None
+
+    @staticmethod
+    def run(out: _ItemList, chunk: bytes, records, first: int, last: int, *,
+            start: int, end: int):
+        """Lines first to last (seen[start:end]) leave as they came."""
+        out.lines(chunk[start:end] if start or end < len(chunk) else chunk, 0)
+
+    @staticmethod
+    def lines(records: list, held: int, out: _ItemList, cut: bool = False):
+        """records leave as lines of their own (cut: each a cut event)."""
+        if cut:
+            for record in records:
+                out.event(record, True, 1, held > 0)
+                held -= held > 0
+            return
+        out.lines(b"\n".join(records) + b"\n", held)
+
+    @staticmethod
+    def event(records: list, cut: bool, held: int, out: _ItemList) -> bool:
+        """records leave as one event; False if they cannot (then as lines)."""
+        out.event(b"\n".join(records), cut, len(records), held)
+        return True
+
+    @staticmethod
+    def raw(record) -> bytes:
+        return record
+
+    @staticmethod
+    def done():
+        """The end of a call to feed()."""
+
+
+class Joiner:
+    """Groups complete lines into events by a rule, as a view sees them:
+    TextView, the lines themselves, or ObjectView, the messages of JSON
+    objects per source (--json, --journal).  A line is joined only with
+    lines of its own source; per source it holds at most one pending event
+    (at most max_lines lines and max_bytes bytes as the rule sees them: past
+    either it is cut and the rest goes on in a new event) and the blank lines
+    whose fate the next line decides.  A view with caps (ObjectView) also
+    bounds all sources together: past its caps (sources pending, bytes held)
+    the pending event that began first leaves whole, marked as cut, counted
+    in events_pushed_out.
+
+    feed(), flush() and flush_quiet() return, in the order events complete,
+    the pipeline's items: Segments or ParsedLines (runs of whole lines, each
+    its own event) and Joined events; an event of one line leaves as a line.
+    Each item says how many of its lines were held before the call (see
+    Segment.held): per source, what the Joiner holds is always its newest
+    lines, and leaves oldest first.  Counts the events and lines joined and
+    the events cut.  clock() (the loop's time) stamps each source's last
+    line, for the quiet timer (quiet_at)."""
 
     def __init__(self, rule, max_lines: int, max_bytes: int, counters: Counters,
-                 clock=time.monotonic):
+                 *, clock=time.monotonic, view=TextView):
         self._rule = rule
         self._max_lines = max_lines
         self._max_bytes = max_bytes
         self._counters = counters
-        self._clock = clock
-        self._last = 0.0  # when the last line came
-        self._lines: list = []  # the pending event's lines, without newlines
-        self._size = 0  # its text's length (lines and the newlines between them)
-        self._state = None
-        self._tentative: list = []  # lines held until the next one decides
-        self._tentative_size = 0  # their length, with a newline each
-        self._old = 0  # lines held before this call, not emitted yet
-        self._out = _ItemList()
-
-    def pending(self) -> int:
-        """Lines held: the pending event's and the tentative ones."""
-        return len(self._lines) + len(self._tentative)
-
-    def holding(self) -> list:
-        """The lines held (without newline), oldest first."""
-        return self._lines + self._tentative
-
-    def feed(self, chunk: bytes) -> list:
-        """The output of chunk (whole lines, CR before newline already stripped
-        where it is to be)."""
-        out = self._out
-        self._old = self.pending()
-        self._last = self._clock()
-        pos, size, scan = 0, len(chunk), self._rule.scan
-        while pos < size:
-            if not self._lines:
-                found = scan(chunk, pos)
-                if found < 0:
-                    out.lines(chunk[pos:] if pos else chunk, 0)
-                    break
-                if found > pos:
-                    out.lines(chunk[pos:found], 0)
-                    pos = found
-            end = chunk.index(b"\n", pos)
-            self._take(chunk[pos:end], out)
-            pos = end + 1
-        return out.items()
-
-    def flush(self) -> list:
-        """The pending event and the tentative lines, emitted now."""
-        self._old = self.pending()
-        self._emit(self._out)
-        return self._out.items()
-
-    def quiet_at(self, timeout: float) -> float | None:
-        """When the pending event is quiet for timeout (clock's time), or None."""
-        return self._last + timeout if self.pending() else None
-
-    def flush_quiet(self, now: float, timeout: float) -> list:
-        """flush() if the last line came at or before now - timeout."""
-        return self.flush() if self._last + timeout <= now else []
-
-    def _take(self, line: bytes, out: _ItemList):
-        if self._lines:
-            step = self._rule.follows(self._state, line)
-            if step is not None:
-                action, self._state = step
-                if action == TENTATIVE:
-                    if self._holds_too_much(line):
-                        self._emit(out)  # the event ends; the held lines go on their own
-                        out.lines(line + b"\n", 0)
-                        return
-                    self._tentative.append(line)
-                    self._tentative_size += 1 + len(line)
-                    return
-                for held in self._tentative:
-                    self._append(held, out)
-                self._tentative, self._tentative_size = [], 0
-                self._append(line, out)
-                if action == LAST:
-                    self._emit(out)
-                return
-            self._emit(out)
-        state = self._rule.begins(line)
-        if state is None:
-            out.lines(line + b"\n", 0)
-        else:
-            self._state = state
-            self._lines, self._size = [line], len(line)
-
-    def _holds_too_much(self, line: bytes) -> bool:
-        """Whether holding line too would pass a cap with the pending event."""
-        return (len(self._lines) + len(self._tentative) >= self._max_lines
-                or self._size + self._tentative_size + 1 + len(line) > self._max_bytes)
-
-    def _append(self, line: bytes, out: _ItemList):
-        """Add line to the pending event, cutting it first at a cap."""
-        if len(self._lines) >= self._max_lines or \
-                self._size + 1 + len(line) > self._max_bytes:
-            self._counters.events_cut += 1
-            self._emit(out, cut=True)
-            self._lines, self._size = [line], len(line)
-            return
-        self._lines.append(line)
-        self._size += 1 + len(line)
-
-    def _held(self, lines: int) -> int:
-        """How many of the next `lines` lines emitted were held before the call."""
-        held = min(lines, self._old)
-        self._old -= held
-        return held
-
-    def _emit(self, out: _ItemList, cut: bool = False):
-        """Emit the pending event (cut: its rest follows), then the tentative
-        lines as lines of their own."""
-        lines = self._lines
-        if len(lines) > 1 or (lines and cut):
-            if len(lines) > 1:
-                self._counters.events_joined += 1
-                self._counters.lines_joined += len(lines)
-            out.event(b"\n".join(lines), cut, len(lines), self._held(len(lines)))
-        elif lines:
-            out.lines(lines[0] + b"\n", self._held(1))
-        self._lines, self._size = [], 0
-        if not cut and self._tentative:
-            out.lines(b"\n".join(self._tentative) + b"\n", self._held(len(self._tentative)))
-            self._tentative, self._tentative_size = [], 0
-
-
-# Joining per source (--multiline with --json or --journal, README "Multi-line
-# events"): the rule sees each line's message, and each source (the values of
-# --multiline-source's keys; lines that are not JSON objects one source of their
-# own) has a Joiner of its own while it has an event pending.
-_TEXT_SOURCE = object()  # the source of lines that are not JSON objects
-
-
-class _Source:
-    """A source's Joiner, the records (line, message, call, document) of the
-    lines it holds, oldest first (call: the SourceJoiner's call that took the
-    line; document: its parse, kept only within that call), and when its last
-    line came (the clock's time)."""
-
-    __slots__ = ("joiner", "last", "records")
-
-    def __init__(self, joiner: Joiner):
-        self.joiner = joiner
-        self.records: collections.deque = collections.deque()
-        self.last = 0.0
-
-
-class SourceJoiner:
-    """Joins, with a Joiner per source, the lines of JSON objects (--json: the
-    string of message_key, else of "message"; --journal: MESSAGE) by their
-    message, and lines that are not JSON objects by their text; a line is
-    joined only with lines of its own source.
-
-    feed(), flush() and flush_quiet() return, in the order events complete,
-    the pipeline's items (see Joiner): Segments (lines as they came, each its
-    own event: the encoder sends them as it sends any line) and Joined events
-    whose texts are, for objects, the
-    first line's object with its message replaced by the messages joined by
-    "\\n", as one JSON line (the other lines' fields are dropped); for other
-    lines, the lines joined by b"\\n" (see JsonEncoder.encode_events).  An
-    object whose message is not a string ends its source's pending event and
-    leaves as a line; so do, line by line, the lines of an event whose first
-    object cannot be written again as JSON (a lone surrogate, a number out of
-    range, nesting too deep).  The rule sees a message's own newlines as
-    spaces.  Events of different sources may leave in another order than
-    their first lines came in.
-
-    Holds at most MULTILINE_SOURCES sources with an event pending, and lines
-    of at most MULTILINE_SOURCE_BYTES together (each counted with
-    MULTILINE_LINE_OVERHEAD): past either, the pending event that began first
-    leaves whole.  The Joiner's caps apply per source; its counters count."""
-
-    def __init__(self, rule, max_lines: int, max_bytes: int, counters: Counters, *,
-                 keys: tuple, message_key: str | None = None, journal: bool = False,
-                 clock=time.monotonic):
-        self._joiner = functools.partial(Joiner, rule, max_lines, max_bytes, counters)
-        self._counters = counters
-        self._scan = PatternRule.scan if getattr(rule, "scans_one_stream", False) else rule.scan
-        self._keys = keys
-        self._journal = journal
-        self._message_key = "MESSAGE" if journal else message_key or "message"
         self.clock = clock  # what the times of flush_quiet() are read on
-        self._sources: dict = {}  # source: _Source, in the order their events began
-        self._spare = _Source(self._joiner())  # for a source with nothing pending
-        self._lines = 0  # lines held
-        self._held = 0  # their bytes, each counted with MULTILINE_LINE_OVERHEAD
+        self._view = view
+        self._scan = view.scan_of(rule) if view.scan_of else rule.scan
+        self._pending: dict = {}  # source: _Pending, in the order their events began
         self._call = 0  # feed(), flush() and flush_quiet() calls so far
+        self._lines = 0  # lines held, by all sources
+        self._held_bytes = 0  # with caps: what the view counts of them
         self._out = _ItemList()
 
     def pending(self) -> int:
@@ -3463,95 +3366,337 @@ class SourceJoiner:
 
     def holding(self) -> list:
         """The lines held (as they came, without newline), oldest first."""
-        records = [record for entry in self._sources.values() for record in entry.records]
-        return [record[0] for record in sorted(records, key=operator.itemgetter(2))]
+        raw = self._view.raw
+        if not self._pending:
+            return []
+        if len(self._pending) == 1:
+            (p,) = self._pending.values()
+            return [raw(r) for r in p.records] + [raw(r) for r, _ in p.tentative]
+        records = [r for p in self._pending.values()
+                   for r in p.records + [t for t, _ in p.tentative]]
+        return [raw(r) for r in sorted(records, key=self._view.order)]
 
     def feed(self, chunk: bytes) -> list:
         """The output of chunk (whole lines, CR before newline already stripped
         where it is to be).  While no source has an event pending, the rule's
-        scan() over what it sees of all the lines finds the first that may
-        begin one: the lines before it leave as they are, in one run (not
-        with java, whose scan() is right only for one stream)."""
+        scan() over what the view sees of the lines finds the first that may
+        begin one: the lines before it leave as they came, in one run."""
         self._call += 1
-        out = self._out
-        now = self.clock()
-        lines = chunk.split(b"\n")
-        lines.pop()
-        seen = list(map(self._classify, lines))
-        starts = None  # where each line's part begins in what the rule sees
-        at, size = 0, len(lines)
-        while at < size:
-            if not self._sources:
-                if starts is None:
-                    parts = [b"" if part is None else part for _, part, _, _ in seen]
-                    starts = list(itertools.accumulate(map(len, parts), lambda a, b: a + b + 1,
-                                                       initial=0))
-                    text = b"\n".join(parts) + b"\n"
-                found = self._scan(text, starts[at])
-                first = size if found < 0 else bisect.bisect_right(starts, found) - 1
-                if first > at:
-                    out.lines(b"\n".join(lines[at:first]) + b"\n", 0,
-                              list(map(_FOURTH, seen[at:first])))
-                    at = first
+        out, now, view, scan = self._out, self.clock(), self._view, self._scan
+        seen, records = view.seen(chunk)
+        pos, size, index = 0, len(seen), 0
+        while pos < size:
+            if not self._pending:
+                found = scan(seen, pos)
+                if found < 0:
+                    found = size
+                if found > pos:
+                    count = 0 if records is None else seen.count(b"\n", pos, found)
+                    view.run(out, chunk, records, index, index + count, start=pos, end=found)
+                    index += count
+                    pos = found
                     continue
-            self._take(lines[at], seen[at], now, out)
-            at += 1
+            end = seen.index(b"\n", pos)
+            line = seen[pos:end]
+            if records is None:
+                self._take(None, line, line, now, out)
+            else:
+                record = records[index]
+                if view.ends(record):  # it ends its source's event, leaves as a line
+                    self._flush_source(view.source(record), out)
+                    view.lines([record], 0, out)
+                else:
+                    self._take(view.source(record), line, record, now, out)
+            index += 1
+            pos = end + 1
+        view.done()
         return out.items()
 
     def flush(self) -> list:
         """Every pending event and held line, emitted now, the oldest first."""
         self._call += 1
-        for source in list(self._sources):
+        for source in list(self._pending):
             self._flush_source(source, self._out)
         return self._out.items()
+
+    def quiet_at(self, timeout: float) -> float | None:
+        """When the first source with an event pending is quiet for timeout
+        (clock's time), or None if none is pending."""
+        if not self._pending:
+            return None
+        return min(p.last for p in self._pending.values()) + timeout
 
     def flush_quiet(self, now: float, timeout: float) -> list:
         """The pending events of sources whose last line came at or before
         now - timeout."""
         self._call += 1
-        for source, entry in list(self._sources.items()):
-            if entry.last + timeout <= now:
+        for source, p in list(self._pending.items()):
+            if p.last + timeout <= now:
                 self._flush_source(source, self._out)
         return self._out.items()
 
-    def quiet_at(self, timeout: float) -> float | None:
-        """When the first source with an event pending is quiet for timeout,
-        or None if none is pending."""
-        if not self._sources:
-            return None
-        return min(entry.last for entry in self._sources.values()) + timeout
+    def _touch(self, p: _Pending) -> _Pending:
+        """p, its old count made right for this call."""
+        if p.call != self._call:
+            p.call, p.old = self._call, p.count()
+        return p
 
-    def _take(self, line: bytes, classified: tuple, now: float, out: _ItemList):
-        source, seen, message, document = classified
-        if seen is None:  # an object without a message: it ends its source's event
-            self._flush_source(source, out)
-            out.lines(line + b"\n", 0, [document])
+    def _take(self, source, line: bytes, record, now: float, out: _ItemList):
+        """One line (as the rule sees it; record: what the view keeps of it)."""
+        p = self._pending.get(source)
+        if p is not None:
+            self._touch(p)
+            step = self._rule.follows(p.state, line)
+            if step is not None:
+                action, p.state = step
+                p.last = now
+                if action == TENTATIVE:
+                    if self._holds_too_much(p, line):
+                        self._end(source, p, out)  # the held lines go on their own
+                        self._view.lines([record], 0, out)
+                        return
+                    p.tentative.append((record, line))
+                    p.tentative_size += 1 + len(line)
+                    self._hold(record)
+                    self._within_caps(out)
+                    return
+                tentative, p.tentative, p.tentative_size = p.tentative, [], 0
+                for held, seen in tentative:
+                    self._append(p, held, seen, out)
+                self._hold(record)
+                self._append(p, record, line, out)
+                if action == LAST:
+                    self._end(source, p, out)
+                else:
+                    self._within_caps(out)
+                return
+            self._end(source, p, out)
+        state = self._rule.begins(line)
+        if state is None:
+            self._view.lines([record], 0, out)
             return
-        entry = self._sources.get(source)
-        if entry is None:
-            entry = self._spare
-        entry.records.append((line, message, self._call, document))
+        self._pending[source] = _Pending(state, record, len(line), self._call, now)
+        self._hold(record)
+        self._within_caps(out)
+
+    def _holds_too_much(self, p: _Pending, line: bytes) -> bool:
+        """Whether holding line too would pass a cap with the pending event."""
+        return (len(p.records) + len(p.tentative) >= self._max_lines
+                or p.size + p.tentative_size + 1 + len(line) > self._max_bytes)
+
+    def _append(self, p: _Pending, record, line: bytes, out: _ItemList):
+        """Add a line (held already) to p's event, cutting it first at a cap."""
+        if len(p.records) >= self._max_lines or p.size + 1 + len(line) > self._max_bytes:
+            self._counters.events_cut += 1
+            self._emit(p, out, cut=True)
+            p.records, p.size = [record], len(line)
+            return
+        p.records.append(record)
+        p.size += 1 + len(line)
+
+    def _hold(self, record):
         self._lines += 1
-        self._held += len(line) + MULTILINE_LINE_OVERHEAD
-        self._emit(entry, entry.joiner.feed(seen + b"\n"), out)
-        if not entry.joiner.pending():
-            self._sources.pop(source, None)
-            return
-        if entry.records and entry.records[-1][0] is line:  # held: its parse is not kept
-            entry.records[-1] = (line, message, self._call, None)
-        entry.last = now
-        if entry is self._spare:
-            self._sources[source] = entry
-            self._spare = _Source(self._joiner())
-        while self._sources and (len(self._sources) > MULTILINE_SOURCES
-                                 or self._held > MULTILINE_SOURCE_BYTES):
-            self._flush_source(next(iter(self._sources)), out, pushed_out=True)
+        if self._view.caps is not None:
+            self._held_bytes += self._view.cost(record)
 
-    def _classify(self, line: bytes) -> tuple:
-        """(source, what the rule sees, message, document): message None for a
-        line that is not a JSON object; what the rule sees None for an object
-        without a string message; document the parse the encoder takes (see
-        JsonEncoder.encode_parsed), None for a line that is not an object."""
+    def _released(self, records: list):
+        self._lines -= len(records)
+        if self._view.caps is not None:
+            self._held_bytes -= sum(map(self._view.cost, records))
+
+    def _within_caps(self, out: _ItemList):
+        """With the view's caps, push out the events that began first while
+        the sources pending or the bytes held are past them."""
+        caps = self._view.caps
+        while caps is not None and self._pending and (
+                len(self._pending) > caps[0] or self._held_bytes > caps[1]):
+            self._flush_source(next(iter(self._pending)), out, pushed_out=True)
+
+    def _flush_source(self, source, out: _ItemList, pushed_out: bool = False):
+        p = self._pending.get(source)
+        if p is not None:
+            self._touch(p)
+            self._end(source, p, out, pushed_out)
+
+    def _end(self, source, p: _Pending, out: _ItemList, pushed_out: bool = False):
+        """p's event and tentative lines leave; the source has none pending."""
+        del self._pending[source]
+        self._emit(p, out, pushed_out=pushed_out)
+
+    def _held(self, p: _Pending, lines: int) -> int:
+        """How many of p's next `lines` lines emitted were held before the call."""
+        held = min(lines, p.old)
+        p.old -= held
+        return held
+
+    def _emit(self, p: _Pending, out: _ItemList, cut: bool = False, pushed_out: bool = False):
+        """Emit p's event (cut: its rest follows), then, unless cut, its
+        tentative lines as lines of their own; pushed_out (past the view's
+        caps, unfinished): each marked as a cut event and counted."""
+        records, view, counters = p.records, self._view, self._counters
+        self._released(records)
+        if len(records) > 1 or (records and (cut or pushed_out)):
+            joined = len(records) > 1
+            if joined:
+                counters.events_joined += 1
+                counters.lines_joined += len(records)
+            done = view.event(records, cut or pushed_out, self._held(p, len(records)), out)
+            counters.events_pushed_out += pushed_out
+            if joined and not done:  # left line by line: not counted as joined
+                counters.events_joined -= 1
+                counters.lines_joined -= len(records)
+        elif records:
+            view.lines(records, self._held(p, 1), out)
+        p.records, p.size = [], 0
+        if not cut and p.tentative:
+            tentative = [record for record, _ in p.tentative]
+            self._released(tentative)
+            view.lines(tentative, self._held(p, len(tentative)), out, pushed_out)
+            counters.events_pushed_out += pushed_out * len(tentative)
+            p.tentative, p.tentative_size = [], 0
+
+
+# Joining per source (--multiline with --json or --journal, README "Multi-line
+# events"): the rule sees each line's message, and each source (the values of
+# --multiline-source's keys; lines that are not JSON objects one source of their
+# own) has an event of its own pending.
+_TEXT_SOURCE = ("text",)  # the source of lines that are not JSON objects (no key tuple is)
+# An ObjectView record: (raw line, message (None: not an object), document (see
+# ParsedLines), source, what the rule sees is None (an object without a message),
+# sequence number).
+_RAW, _MESSAGE, _DOCUMENT, _SOURCE, _ENDS, _SEQUENCE = range(6)
+_MESSAGE_OF = operator.itemgetter(_MESSAGE)
+
+
+def _one_stream_scan(rule):
+    """The scan() a rule gives for lines of several sources: its own unless
+    it is right only for one stream (java's): then every line is looked at."""
+    return PatternRule.scan if getattr(rule, "scans_one_stream", False) else rule.scan
+
+
+class ObjectView:
+    """A Joiner's view of JSON lines (--json, --journal): the rule sees an
+    object's message (--json: the string of message_key, else of "message";
+    --journal: MESSAGE) with its own newlines as spaces, a line that is not
+    an object its text; the source is the values of keys (lines that are
+    not objects one source of their own).  Each line is parsed once here:
+    its parse goes with it to the encoder (see ParsedLines) unless a later
+    call emits it (held lines keep no parse: the memory bound).
+
+    A joined event of objects is the first line's object with its message
+    replaced by the messages joined by "\\n", as one JSON line (the other
+    lines' fields are dropped); of other lines, the lines joined by b"\\n"
+    (see JsonEncoder.encode_events).  An object whose message is not a
+    string ends its source's pending event and leaves as a line; so do, line
+    by line, the lines of an event whose first object cannot be written
+    again as JSON (a lone surrogate, a number out of range, nesting too
+    deep).  Events of different sources may leave in another order than
+    their first lines came in.  Caps: MULTILINE_SOURCES sources pending,
+    MULTILINE_SOURCE_BYTES held (each line counted with
+    MULTILINE_LINE_OVERHEAD)."""
+
+    caps = (MULTILINE_SOURCES, MULTILINE_SOURCE_BYTES)
+    scan_of = staticmethod(_one_stream_scan)
+    order = operator.itemgetter(_SEQUENCE)
+    source = operator.itemgetter(_SOURCE)
+    ends = operator.itemgetter(_ENDS)
+    raw = operator.itemgetter(_RAW)
+
+    def __init__(self, keys: tuple, message_key: str | None = None, journal: bool = False):
+        self._keys = keys
+        self._journal = journal
+        self._message_key = "MESSAGE" if journal else message_key or "message"
+        self._sequence = 0
+        self._call_records: list = []  # the records of the chunk being fed
+
+    def seen(self, chunk: bytes) -> tuple:
+        """(what the rule sees of chunk's lines, one line each; their records)."""
+        lines = chunk.split(b"\n")
+        lines.pop()
+        first = self._sequence
+        self._sequence += len(lines)
+        self.done()
+        records = self._call_records = self._records(chunk, lines, first)
+        if None not in map(_MESSAGE_OF, records):  # the common case: objects with messages
+            seen = "\n".join(map(_MESSAGE_OF, records))
+            if seen.count("\n") >= len(records):  # a message's own newlines: seen as spaces
+                seen = "\n".join([r[_MESSAGE].replace("\n", " ") for r in records])
+            return seen.encode("utf-8", "surrogatepass") + b"\n", records
+        seen = b"\n".join([b"" if r[_ENDS] else r[_RAW] if r[_MESSAGE] is None else
+                           r[_MESSAGE].encode("utf-8", "surrogatepass").replace(b"\n", b" ")
+                           for r in records])
+        return seen + b"\n", records
+
+    def _records(self, chunk: bytes, lines: list, first: int) -> list:
+        """The records of lines (chunk), their sequence numbers from first on.
+        Each line is parsed once: all in one go by the C scanner, up to the
+        first it refuses; that one and the rest line by line."""
+        try:
+            texts = chunk.decode("utf-8").split("\n")
+        except UnicodeDecodeError:
+            return list(map(self._record, lines, itertools.count(first)))
+        texts.pop()
+        parsed: list = []
+        try:  # extend() keeps what the scanner gave before it refused a line
+            parsed.extend(map(_scan_json, texts, itertools.repeat(0)))
+        except (ValueError, RecursionError):
+            pass
+        keys, message_of, records = self._keys, self._message, []
+        for index, (raw, text, sequence) in enumerate(zip(lines, texts, itertools.count(first))):
+            if index < len(parsed):
+                obj, end = parsed[index]
+                if end == len(text) and type(obj) is dict:
+                    message = message_of(obj)
+                    source = tuple(map(_source_value, map(obj.get, keys))) if keys else ()
+                    records.append([raw, message, (text, obj, end, True), source,
+                                    message is None, sequence])
+                    continue
+            records.append(self._record(raw, sequence))
+        return records
+
+    def done(self):
+        """The end of a call to feed(): the lines it took keep no parse (those
+        still held leave in a later call, parsed again by the encoder)."""
+        for record in self._call_records:
+            record[_DOCUMENT] = None
+        self._call_records = []
+
+    @staticmethod
+    def cost(record) -> int:
+        return len(record[_RAW]) + MULTILINE_LINE_OVERHEAD
+
+    @staticmethod
+    def run(out: _ItemList, chunk: bytes, records: list, first: int, last: int, *,
+            start: int, end: int):
+        run = records[first:last]
+        out.lines(b"\n".join(map(_FIRST, run)) + b"\n", 0, [r[_DOCUMENT] for r in run])
+
+    @staticmethod
+    def lines(records: list, held: int, out: _ItemList, cut: bool = False):
+        for record in records:
+            was_held = held > 0
+            held -= was_held
+            if cut:
+                out.event(record[_RAW], True, 1, was_held, record[_DOCUMENT])
+            else:
+                out.lines(record[_RAW] + b"\n", was_held, [record[_DOCUMENT]])
+
+    def event(self, records: list, cut: bool, held: int, out: _ItemList) -> bool:
+        if len(records) == 1:
+            self.lines(records, held, out, cut=True)
+            return True
+        if records[0][_MESSAGE] is None:  # lines that are not JSON objects
+            out.event(b"\n".join(map(_FIRST, records)), cut, len(records), held)
+            return True
+        joined = self._joined_line(records)
+        if joined is None:
+            self.lines(records, held, out)
+            return False
+        out.event(joined[0], cut, len(records), held, joined[1])
+        return True
+
+    def _record(self, line: bytes, sequence: int) -> tuple:
+        """line's record (see _RAW ...)."""
         try:
             decoded = line.decode("utf-8")
             text = decoded.lstrip(_JSON_SPACE)
@@ -3559,14 +3704,11 @@ class SourceJoiner:
         except (UnicodeDecodeError, ValueError, StopIteration, RecursionError):
             obj = None
         if type(obj) is not dict or text[end:].strip(_JSON_SPACE):
-            return _TEXT_SOURCE, line, None, None
+            return [line, None, None, _TEXT_SOURCE, False, sequence]
         source = tuple(map(_source_value, map(obj.get, self._keys))) if self._keys else ()
         message = self._message(obj)
         document = (text, obj, end, len(text) == len(decoded))
-        if message is None:
-            return source, None, None, document
-        return (source, message.encode("utf-8", "surrogatepass").replace(b"\n", b" "),
-                message, document)
+        return [line, message, document, source, message is None, sequence]
 
     def _message(self, obj: dict) -> str | None:
         """The message of a parsed line, as the encoder reads it, or None."""
@@ -3577,62 +3719,15 @@ class SourceJoiner:
                 message = "\n".join(m for m in message if isinstance(m, str))
         return message if isinstance(message, str) else None
 
-    def _flush_source(self, source, out: _ItemList, pushed_out: bool = False):
-        entry = self._sources.pop(source, None)
-        if entry is not None:
-            self._emit(entry, entry.joiner.flush(), out, pushed_out)
-
-    def _emit(self, entry: _Source, items: list, out: _ItemList, pushed_out: bool = False):
-        """The Joiner's output items, made of the held lines they stand for
-        (held: those a call before this one took); pushed_out (past the caps,
-        unfinished): each event marked as a cut one and counted in
-        events_pushed_out."""
-        records = entry.records
-        for item in items:
-            if item.joins:
-                for text, cut, lines in zip(item.texts, item.cut, item.lines):
-                    self._emit_event(text, cut or pushed_out,
-                                     [self._release(records) for _ in range(lines)], out)
-                    self._counters.events_pushed_out += pushed_out
-                continue
-            for _ in range(item.nlines()):
-                raw, _, call, document = self._release(records)
-                if pushed_out:
-                    out.event(raw, True, 1, call < self._call, document)
-                    self._counters.events_pushed_out += 1
-                else:
-                    out.lines(raw + b"\n", call < self._call, [document])
-
-    def _emit_event(self, text: bytes, cut: bool, group: list, out: _ItemList):
-        """One event of the Joiner (text) made of the records of its lines."""
-        held = sum(record[2] < self._call for record in group)
-        if group[0][1] is None:  # lines that are not JSON objects
-            out.event(text, cut, len(group), held)
-            return
-        joined = self._joined_line(group)
-        if joined is not None:
-            out.event(joined[0], cut, len(group), held, joined[1])
-            return
-        if len(group) > 1:  # leaves line by line: not counted as joined
-            self._counters.events_joined -= 1
-            self._counters.lines_joined -= len(group)
-        for raw, _, call, document in group:
-            out.lines(raw + b"\n", call < self._call, [document])
-
-    def _release(self, records: collections.deque) -> tuple:
-        record = records.popleft()
-        self._lines -= 1
-        self._held -= len(record[0]) + MULTILINE_LINE_OVERHEAD
-        return record
-
-    def _joined_line(self, group: list) -> tuple | None:
+    def _joined_line(self, records: list) -> tuple | None:
         """(line, document): the first line's object with its message replaced
-        by the group's messages joined, as one JSON line, and its parse (see
-        ParsedLines; the first line is parsed again here: a held line's parse
-        is not kept); None if it cannot be written."""
-        obj = _scan_json(group[0][0].decode("utf-8").lstrip(_JSON_SPACE), 0)[0]
-        key = self._message_key
-        obj[key] = "\n".join(record[1] for record in group)
+        by the records' messages joined, as one JSON line, and its parse (see
+        ParsedLines); None if it cannot be written."""
+        document = records[0][_DOCUMENT]
+        obj = (document[1] if document is not None else
+               _scan_json(records[0][_RAW].decode("utf-8").lstrip(_JSON_SPACE), 0)[0])
+        obj = dict(obj)
+        obj[self._message_key] = "\n".join(record[_MESSAGE] for record in records)
         try:
             text = _dump_json(obj)
             return text.encode("utf-8"), (text, obj, len(text), True)
@@ -4045,9 +4140,9 @@ class Pipeline:
 
 
 class Joining:
-    """The joining stage (--multiline, --multiline-pattern): a Joiner, or a
-    SourceJoiner with --json or --journal.  Takes the framer's Segments, gives
-    items: Segments and Joined events.  A piece of an over-long line ends the
+    """The joining stage (--multiline, --multiline-pattern): a Joiner (with
+    --json or --journal, its ObjectView).  Takes the framer's Segments, gives
+    items: Segments (ParsedLines) and Joined events.  A piece of an over-long line ends the
     pending event and passes as it is; a run's CR before newline is stripped
     here where the framer says so."""
 
@@ -4390,12 +4485,10 @@ def build_pipeline(config: Config, sink: ByteQueue, *, encoder, counters: Counte
         return Pipeline(sink, **parts)
     clock = asyncio.get_running_loop().time
     rule = joining_rule(multiline)
-    if multiline.sources is None:
-        joiner = Joiner(rule, multiline.max_lines, multiline.max_bytes, counters, clock=clock)
-    else:
-        joiner = SourceJoiner(rule, multiline.max_lines, multiline.max_bytes, counters,
-                              keys=multiline.sources, message_key=config.json_message_key,
-                              journal=config.structured == "journal", clock=clock)
+    view = TextView if multiline.sources is None else ObjectView(
+        multiline.sources, config.json_message_key, config.structured == "journal")
+    joiner = Joiner(rule, multiline.max_lines, multiline.max_bytes, counters, clock=clock,
+                    view=view)
     ledger = None if replies is None else Ledger(replies, sink.durable, counters)
     return StagedPipeline(sink, [Joining(joiner, multiline.timeout)], ledger=ledger,
                           run_bytes=JSON_RUN_BYTES if multiline.sources is not None else 0,

@@ -107,8 +107,8 @@ def test_joiner_quiet_timer_is_its_last_line_plus_the_timeout():
 def test_per_source_view_joins_each_source_apart():
     def line(source, message):
         return json.dumps({"src": source, "message": message}).encode()
-    join = zmqpush.SourceJoiner(zmqpush.PythonRule(), 500, 1 << 20, zmqpush.Counters(),
-                                keys=("src",), clock=lambda: 0.0)
+    join = zmqpush.Joiner(zmqpush.PythonRule(), 500, 1 << 20, zmqpush.Counters(),
+                          clock=lambda: 0.0, view=zmqpush.ObjectView(("src",)))
     mixed = []
     for a, b in zip(TRACE, TRACE):
         mixed += [line("a", a.decode()), line("b", b.decode())]
@@ -128,13 +128,32 @@ def test_per_source_view_says_which_lines_were_held_before():
     among them."""
     def line(source, message):
         return json.dumps({"src": source, "message": message}).encode() + b"\n"
-    join = zmqpush.SourceJoiner(zmqpush.PythonRule(), 500, 1 << 20, zmqpush.Counters(),
-                                keys=("src",), clock=lambda: 0.0)
+    join = zmqpush.Joiner(zmqpush.PythonRule(), 500, 1 << 20, zmqpush.Counters(),
+                          clock=lambda: 0.0, view=zmqpush.ObjectView(("src",)))
     for text in TRACE:
         assert join.feed(line("a", text.decode())) == []
     assert join.holding() == [line("a", t.decode())[:-1] for t in TRACE]
     out = join.feed(line("a", "after"))
     assert [(item.nlines(), item.held) for item in out] == [(4, 4), (1, 0)]
+
+
+def test_per_source_view_pushes_out_the_oldest_event_past_its_caps(monkeypatch):
+    """Past the sources or the bytes an ObjectView allows, the event that
+    began first leaves unfinished: marked cut, counted pushed out."""
+    def line(source, message):
+        return json.dumps({"src": source, "message": message}).encode()
+    lines = [line(s, t.decode()) for s in "abc" for t in TRACE[:2]]
+    four = sum(len(held) + zmqpush.MULTILINE_LINE_OVERHEAD for held in lines[:4])
+    for caps in ((2, 1 << 20), (10, four)):  # two sources pending, or four lines held
+        monkeypatch.setattr(zmqpush.ObjectView, "caps", caps)
+        counters = zmqpush.Counters()
+        join = zmqpush.Joiner(zmqpush.PythonRule(), 500, 1 << 20, counters,
+                              clock=lambda: 0.0, view=zmqpush.ObjectView(("src",)))
+        out = join.feed(chunk(lines))
+        assert [(json.loads(text)["src"], n, cut) for _, text, n, cut in lines_of(out)] == [
+            ("a", 2, True)], caps
+        assert counters.events_pushed_out == 1 and join.pending() == 4
+        assert join.holding() == lines[2:]
 
 
 # ---------------------------------------------------------------- encoders --
@@ -370,8 +389,41 @@ def test_per_source_pipeline_parses_each_json_line_once(monkeypatch):
     assert len(b"".join(lines)) > zmqpush.JSON_RUN_BYTES
     assert messages[10] == "\n".join(t.decode() for t in TRACE)
     assert messages[:10] + messages[11:] == [f"line {n}" for n in range(3000)]
-    # each line once, and the joined event's first line once more (see SourceJoiner)
-    assert len(parses) == len(lines) + 1, [p for p in parses if "Traceback" in p]
+    # each line once, the joined event's first line too (see ObjectView)
+    assert len(parses) == len(lines), [p for p in parses if "Traceback" in p]
+
+
+def test_per_source_pipeline_parses_mixed_lines_once(monkeypatch):
+    """--json --multiline on lines that are not all objects with a message
+    (text, an object without one, leading space, invalid UTF-8): each JSON
+    object is still parsed once, the joiner's parse being the encoder's."""
+    parses = []
+    scan = zmqpush._scan_json
+
+    def counted(text, at):
+        if text[at:at + 1] == "{":
+            parses.append(text)
+        return scan(text, at)
+    monkeypatch.setattr(zmqpush, "_scan_json", counted)
+    trace = [json.dumps({"message": t.decode()}).encode() for t in TRACE]
+    lines = [b'{"message":"a"}', b"plain text", b'{"n":1}', b' {"message":"spaced"}',
+             *trace, b'{"message":"b"}', b"\xff", b'{"message":"c"}']
+
+    async def go():
+        sink = zmqpush.ByteQueue(1 << 30)
+        config = zmqpush.parse_options(["--json", "--multiline", "python"], environ={})
+        pipeline = zmqpush.build_pipeline(config, sink,
+                                          encoder=zmqpush.JsonEncoder(b"t", 1, batch=False),
+                                          counters=zmqpush.Counters(), replies=None)
+        await pipeline.feed(chunk(lines), 0.0)
+        await pipeline.finish()
+        return [json.loads(m) for parcel in _drain(sink) if parcel is not zmqpush.END
+                for m in parcel.messages]
+    events = asyncio.run(go())
+    assert [e.get("message", e.get("n")) for e in events] == [
+        "a", "plain text", 1, "spaced", "\n".join(t.decode() for t in TRACE), "b", "\ufffd",
+        "c"]
+    assert len(parses) == len(lines) - 2, parses  # every line but the two not JSON
 
 
 def test_a_run_without_stages_ships_lines_a_ledger_left_held(tmp_path):
