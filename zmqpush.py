@@ -8,7 +8,7 @@ own):
 
   options      the command line, its ZMQPUSH_* twins, Config, the memory budget
   security     CURVE certificates, allowlists, the ZAP handler (Gatekeeper)
-  encoding     whole lines in, JSON messages out (plain, --json, --journal)
+  encoding     zmqpush's own keys (OwnKeys); lines in, JSON out (plain, --json, --journal)
   framing and joining   the counters, the stages' items, line framing, joining
   queue        the sink interface (memory queue) and --confirm's replies
   pipeline     framing -> stages -> encoder -> sink, built once from the options
@@ -1748,7 +1748,8 @@ class Gatekeeper:
 
 
 # --------------------------------------------------------------- encoding --
-# Owns the wire format: bytes of whole lines in, valid JSON messages out.
+# Owns the wire format: bytes of whole lines in, valid JSON messages out; one
+# interface for every encoder (EncoderBase) and one builder of zmqpush's own keys (OwnKeys).
 
 _escape = json.encoder.c_encode_basestring or json.encoder.py_encode_basestring
 # Bytes that need JSON escaping: '"', '\\' and controls.  "\n" is left out:
@@ -1845,7 +1846,76 @@ def escape_utf8_lines(lines: bytes) -> bytes:
     return lines
 
 
-class Encoder:
+class OwnKeys:
+    """The one builder of zmqpush's own keys, as JSON bytes every encoder
+    uses: "type", "@pid", the extra fields, "@timestamp" (--timestamp: when
+    the line was read), "@continues" and the event id ("@metadata":{"_id":
+    "RUN-SEQUENCE"}, --event-id, counted here)."""
+
+    CONTINUES = b',"@continues":true'
+
+    def __init__(self, logtype: bytes, pid: int, fields: tuple = (), timestamp: bool = False,
+                 run_id: str | None = None):
+        """logtype and the (key, value) fields are valid UTF-8 bytes (see utf8())."""
+        self.base = (b'"type":' + _json_string(logtype) + b',"@pid":' + b"%d" % pid
+                     + b"".join(b"," + _json_string(k) + b":" + _json_value(v)
+                                for k, v in fields))
+        self.timestamp = timestamp
+        self.ids = run_id is not None
+        # an event id: this % its sequence number
+        self.id_form = b',"@metadata":{"_id":"%s-%%d"}' % (run_id or "").encode()
+        self._sequence = 0
+
+    def tail(self, read_at: float = 0.0, continues: bool = False) -> bytes:
+        """The keys after an event's own, without the event id: the base, then
+        "@timestamp" (read_at, epoch seconds) if on, "@continues" if continues."""
+        tail = self.base
+        if self.timestamp:
+            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
+        return tail + self.CONTINUES if continues else tail
+
+    def event_id(self) -> bytes:
+        """The next event's id, as a key to add (b"" without --event-id)."""
+        if not self.ids:
+            return b""
+        self._sequence += 1
+        return self.id_form % (self._sequence - 1)
+
+    def take_ids(self, count: int) -> int:
+        """The first of the next count event ids' sequence numbers (see id_form)."""
+        first = self._sequence
+        self._sequence += count
+        return first
+
+
+class EncoderBase:
+    """What every encoder (plain, --json, --journal) gives the pipeline: encode()
+    of whole lines, encode_parsed() of lines a stage parsed, encode_events()
+    of joined events; each returns (messages, events): one message per
+    event, or in batch mode JSON arrays of at most array_bytes (a larger
+    event alone); events[i] is the number of events messages[i] carries.
+    zmqpush's own keys come from one OwnKeys."""
+
+    def __init__(self, logtype: bytes, pid: int, batch: bool, fields: tuple = (),
+                 timestamp: bool = False, *, run_id: str | None = None,
+                 array_bytes: int = DEFAULT_READ_BYTES):
+        self._keys = OwnKeys(logtype, pid, fields, timestamp, run_id)
+        self._batch = batch
+        self._array_bytes = array_bytes
+
+    def encode_parsed(self, lines: bytes, documents: list, read_at: float = 0.0) -> tuple:
+        """Whole lines (CR stripped) whose parses a stage made (see ParsedLines):
+        as encode() unless the encoder takes the parses."""
+        return self.encode(lines, False, False, read_at)
+
+    def _messages(self, events: list) -> tuple:
+        """(messages, events) of encoded events: each its message, or arrays."""
+        if not self._batch:
+            return events, [1] * len(events)
+        return group_events(events, self._array_bytes)
+
+
+class Encoder(EncoderBase):
     """Turns chunks of complete lines into JSON messages, in bulk.
 
     Contract: for any bytes, every message is valid RFC 8259 JSON whose
@@ -1860,15 +1930,10 @@ class Encoder:
                  timestamp: bool = False, *, run_id: str | None = None,
                  array_bytes: int = DEFAULT_READ_BYTES):
         """logtype and the (key, value) fields are valid UTF-8 bytes (see utf8())."""
+        super().__init__(logtype, pid, batch, fields, timestamp, run_id=run_id,
+                         array_bytes=array_bytes)
         self._head = b'{"message":"'
-        self._tail = (b'","type":' + _json_string(logtype) + b',"@pid":' + b"%d" % pid
-                      + b"".join(b"," + _json_string(k) + b":" + _json_value(v)
-                                 for k, v in fields))
-        self._timestamp = timestamp
-        self._batch = batch
-        self._array_bytes = array_bytes
-        self._run_id = run_id
-        self._sequence = 0
+        self._tail = b'",' + self._keys.base  # the plain path's, made once
         self._plain = not (batch or timestamp or run_id is not None)
         self._closed = self._tail + b"}"
         self._between = self._closed + _MESSAGE_MARK + self._head
@@ -1891,13 +1956,9 @@ class Encoder:
             if escaped.find(b"\n") == len(escaped) - 1:
                 return self._one(escaped, self._closed)
             return self._split((self._head + escaped).replace(b"\n", self._between))
-        tail = self._tail
-        if self._timestamp:
-            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
-        if continues:
-            tail += b',"@continues":true'
+        tail = b'",' + self._keys.tail(read_at, continues)
         escaped = escape_utf8_lines(lines)
-        if self._run_id is not None:
+        if self._keys.ids:
             return self._encode_with_ids(escaped, tail)
         tail += b"}"
         if escaped.find(b"\n") == len(escaped) - 1:
@@ -1909,7 +1970,8 @@ class Encoder:
         return self._split((self._head + escaped).replace(
             b"\n", tail + _MESSAGE_MARK + self._head))
 
-    def encode_events(self, texts: list, cut: list, read_at: float = 0.0) -> tuple:
+    def encode_events(self, texts: list, cut: list, read_at: float = 0.0,
+                      documents: list | None = None) -> tuple:
         """Encode whole events (--multiline), one per text: bytes that may hold
         b"\\n" between their lines and end in none.  cut[i] marks an event
         cut at a cap, whose rest the next one carries ("@continues":true).
@@ -1917,23 +1979,16 @@ class Encoder:
         Returns (messages, events) as encode() does; a text without b"\\n"
         becomes what encode() makes of it as a line.  Inside a text "\\n" is
         escaped as \\n; fields, "@timestamp", event ids and --batch arrays
-        are as encode() makes them.  Not for the plain mode: a joined trace
-        is rare, and each text costs a few calls of its own."""
-        tail = self._tail
-        if self._timestamp:
-            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
+        are as encode() makes them (documents: none here, see JsonEncoder).
+        Not for the plain mode: a joined trace is rare, and each text costs a
+        few calls of its own."""
+        tails = (b'",' + self._keys.tail(read_at), b'",' + self._keys.tail(read_at, True))
         objects = []
         for text, more in zip(texts, cut):
             escaped = escape_utf8_lines(text + b"\n")[:-1].replace(b"\n", b"\\n")
-            end = tail + b',"@continues":true' if more else tail
-            if self._run_id is not None:
-                end += b',"@metadata":{"_id":"%s-%d"}' % (self._run_id.encode(),
-                                                           self._sequence)
-                self._sequence += 1
-            objects.append(b"".join((self._head, escaped, end, b"}")))
-        if not self._batch:
-            return objects, [1] * len(objects)
-        return self._group(objects)
+            objects.append(b"".join((self._head, escaped, tails[more], self._keys.event_id(),
+                                     b"}")))
+        return self._messages(objects)
 
     def _one(self, escaped: bytes, tail: bytes) -> tuple:
         """One escaped line as its message: one copy of a long line, not three
@@ -1971,18 +2026,11 @@ class Encoder:
             start = cut + len(between)
 
     def _encode_with_ids(self, escaped: bytes, tail: bytes) -> tuple:
-        """One event per escaped line, each with "@metadata":{"_id":"RUN-SEQUENCE"}."""
-        form = (self._head + b"%s" + tail.replace(b"%", b"%%") + b',"@metadata":{"_id":"'
-                + self._run_id.encode() + b'-%d"}}')
-        first = self._sequence
-        events = [form % pair for pair in zip(escaped.split(b"\n")[:-1], itertools.count(first))]
-        self._sequence += len(events)
-        if not self._batch:
-            return events, [1] * len(events)
-        return self._group(events)
-
-    def _group(self, events: list) -> tuple:
-        return group_events(events, self._array_bytes)
+        """One event per escaped line, each with its event id (see OwnKeys)."""
+        form = (self._head + b"%s" + tail.replace(b"%", b"%%") + self._keys.id_form + b"}")
+        lines = escaped.split(b"\n")[:-1]
+        first = self._keys.take_ids(len(lines))
+        return self._messages([form % pair for pair in zip(lines, itertools.count(first))])
 
 
 def group_events(events: list, array_bytes: int) -> tuple:
@@ -2144,7 +2192,7 @@ def _json_failure(exc: BaseException) -> str:
     return "not JSON"
 
 
-class JsonEncoder:
+class JsonEncoder(EncoderBase):
     """--json: turns chunks of complete lines into events that carry each
     line's JSON object, with Encoder.encode's contract (one message per line,
     or arrays in batch mode; event ids, "@timestamp" and the extra fields).
@@ -2177,14 +2225,8 @@ class JsonEncoder:
                  overwrite: bool = False):
         """As Encoder; counters get the failures; target, message_key and
         overwrite are --json-target, --json-message-key and --json-overwrite."""
-        self._tail = (b'"type":' + _json_string(logtype) + b',"@pid":' + b"%d" % pid
-                      + b"".join(b"," + _json_string(k) + b":" + _json_value(v)
-                                 for k, v in fields))
-        self._timestamp = timestamp
-        self._batch = batch
-        self._array_bytes = array_bytes
-        self._run_id = None if run_id is None else run_id.encode()
-        self._sequence = 0
+        super().__init__(logtype, pid, batch, fields, timestamp, run_id=run_id,
+                         array_bytes=array_bytes)
         self._counters = counters if counters is not None else Counters()
         self._target = target
         self._target_head = (None if target is None
@@ -2203,9 +2245,7 @@ class JsonEncoder:
         """As Encoder.encode: (messages, events) of lines, each ending in b"\\n"."""
         if strip_cr and 0x0D in lines:
             lines = lines.replace(b"\r\n", b"\n")
-        tail = self._tail
-        if self._timestamp:
-            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
+        tail = self._keys.tail(read_at)
         events = []
         if continues or self._cut:  # a piece of a cut line: the segment's first line
             first = lines.index(b"\n")
@@ -2217,9 +2257,7 @@ class JsonEncoder:
             end = lines.find(b"\n", start + JSON_RUN_BYTES) + 1 or size
             events += self._events(lines[start:end] if start or end < size else lines, tail)
             start = end
-        if not self._batch:
-            return events, [1] * len(events)
-        return group_events(events, self._array_bytes)
+        return self._messages(events)
 
     def encode_parsed(self, lines: bytes, documents: list, read_at: float = 0.0) -> tuple:
         """As encode() for whole lines (CR stripped) that a stage parsed already
@@ -2229,28 +2267,22 @@ class JsonEncoder:
         it is parsed here).  No line is parsed again."""
         if self._cut:  # the last piece of a cut line comes first: as encode() does
             return self.encode(lines, False, False, read_at)
-        tail = self._tail
-        if self._timestamp:
-            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
+        tail = self._keys.tail(read_at)
         raws = lines.split(b"\n")
         raws.pop()
-        if self._run_id is None and None not in documents and all(map(_FOURTH, documents)):
+        if not self._keys.ids and None not in documents and all(map(_FOURTH, documents)):
             texts = list(map(_FIRST, documents))
             parsed = [(obj, end) for _, obj, end, _ in documents]
             if self._spliceable("\n".join(texts), texts, parsed):
-                events = self._splice_all(lines, tail + b"}")
-                return (events, [1] * len(events)) if not self._batch \
-                    else group_events(events, self._array_bytes)
-        ids, closing, events = self._run_id is not None, tail + b"}", []
+                return self._messages(self._splice_all(lines, tail + b"}"))
+        ids, closing, events = self._keys.ids, tail + b"}", []
         for raw, document in zip(raws, documents):
             end = self._closing(tail) if ids else closing
             if document is None:
                 events.append(self._event(raw, self._texts([raw])[0], end))
             else:
                 events.append(self._parsed(raw, document[0], document[1], document[2], end))
-        if not self._batch:
-            return events, [1] * len(events)
-        return group_events(events, self._array_bytes)
+        return self._messages(events)
 
     def encode_events(self, texts: list, cut: list, read_at: float = 0.0,
                       documents: list | None = None) -> tuple:
@@ -2261,24 +2293,20 @@ class JsonEncoder:
         (counted once in json_failures, "@json_error" saying why its first
         line was refused).  Any other text is a line (without b"\\n"), whose
         parse documents[i] may give (see encode_parsed): not parsed again."""
-        tail = self._tail
-        if self._timestamp:
-            tail += b',"@timestamp":"%s"' % iso8601_utc(read_at).encode()
-        events = []
+        tail = self._keys.tail(read_at)
+        events, tails = [], (tail, tail + OwnKeys.CONTINUES)
         for index, (text, more) in enumerate(zip(texts, cut)):
-            end = tail + b',"@continues":true' if more else tail
+            end = tails[more]
             document = documents[index] if documents is not None else None
             if 0x0A in text:
                 events.append(self._failed_text(text, end))
             elif document is not None:
-                closing = self._closing(end) if self._run_id is not None else end + b"}"
+                closing = self._closing(end) if self._keys.ids else end + b"}"
                 events.append(self._parsed(text, document[0], document[1], document[2],
                                            closing))
             else:
                 events += self._events(text + b"\n", end)
-        if not self._batch:
-            return events, [1] * len(events)
-        return group_events(events, self._array_bytes)
+        return self._messages(events)
 
     def _failed_text(self, text: bytes, tail: bytes) -> bytes:
         """Lines that were not JSON objects, joined by b"\\n", as one event."""
@@ -2287,7 +2315,7 @@ class JsonEncoder:
             why = self._why_not(first.decode("utf-8").lstrip(_JSON_SPACE))
         except UnicodeDecodeError:
             why = "invalid UTF-8"
-        closing = self._closing(tail) if self._run_id is not None else tail + b"}"
+        closing = self._closing(tail) if self._keys.ids else tail + b"}"
         self._counters.json_failures += 1
         return self._marked_text(
             escape_utf8_lines(text + b"\n")[:-1].replace(b"\n", b"\\n"), closing, why)
@@ -2304,13 +2332,13 @@ class JsonEncoder:
         texts = text.split("\n")
         texts.pop()
         parsed = self._parse_all(texts)
-        if parsed is not None and self._run_id is None and self._spliceable(text, texts, parsed):
+        if parsed is not None and not self._keys.ids and self._spliceable(text, texts, parsed):
             return self._splice_all(lines, tail + b"}")
         raws = lines.split(b"\n")
         raws.pop()
         if parsed is None:
             return self._each(raws, texts, tail)
-        ids, closing, event = self._run_id is not None, tail + b"}", self._parsed
+        ids, closing, event = self._keys.ids, tail + b"}", self._parsed
         return [event(raw, text, obj, end, self._closing(tail) if ids else closing)
                 for raw, text, (obj, end) in zip(raws, texts, parsed)]
 
@@ -2367,7 +2395,7 @@ class JsonEncoder:
 
     def _each(self, raws: list, texts: list, tail: bytes) -> list:
         """The events of lines, one by one."""
-        ids, closing, event = self._run_id is not None, tail + b"}", self._event
+        ids, closing, event = self._keys.ids, tail + b"}", self._event
         return [event(raw, text, self._closing(tail) if ids else closing)
                 for raw, text in zip(raws, texts)]
 
@@ -2384,8 +2412,7 @@ class JsonEncoder:
 
     def _closing(self, tail: bytes) -> bytes:
         """tail, the next event id, and the closing brace."""
-        self._sequence += 1
-        return tail + b',"@metadata":{"_id":"%s-%d"}}' % (self._run_id, self._sequence - 1)
+        return tail + self._keys.event_id() + b"}"
 
     def _event(self, raw: bytes, text: str | None, closing: bytes) -> bytes:
         """One line's event; closing holds zmqpush's keys and the closing brace."""
@@ -2509,8 +2536,8 @@ class JsonEncoder:
     def _piece(self, raw: bytes, tail: bytes, continues: bool) -> bytes:
         """A piece of a line cut at --max-line-bytes: never JSON on its own."""
         if continues:
-            tail += b',"@continues":true'
-        closing = self._closing(tail) if self._run_id is not None else tail + b"}"
+            tail += OwnKeys.CONTINUES
+        closing = self._closing(tail) if self._keys.ids else tail + b"}"
         return self._failed(raw, closing, "line cut at --max-line-bytes")
 
 
@@ -2634,8 +2661,8 @@ class JournalEncoder(JsonEncoder):
 # ---------------------------------------------------- framing and joining --
 # Owns the counters, and what the reading pipeline's stages pass: Segments
 # (line framing) and Joined events (joining lines into multi-line events,
-# --multiline: the rules, and the Joiner with its views of a line: TextView,
-# ObjectView per source).
+# --multiline: the rules, and the one Joiner with its view of a line: TextView,
+# or ObjectView per source).
 
 class Counters:
     """What happened so far, counted where it happens (reader, sender, monitor)."""
@@ -3168,10 +3195,7 @@ class Joined:
         return sum(self.lines)
 
     def encoded(self, encoder, read_at: float) -> tuple:
-        parsed = self.documents is not None and any(self.documents)  # per source only
-        messages, events = (encoder.encode_events(self.texts, self.cut, read_at,
-                                                  self.documents)
-                            if parsed else encoder.encode_events(self.texts, self.cut, read_at))
+        messages, events = encoder.encode_events(self.texts, self.cut, read_at, self.documents)
         return messages, events, [True] * len(messages)
 
     def split(self, lines: int) -> tuple:
@@ -3266,15 +3290,11 @@ class _Pending:
     __slots__ = ("call", "last", "old", "records", "size", "state", "tentative",
                  "tentative_size")
 
-    def __init__(self, state, record, size: int, call: int, now: float):
-        self.records = [record]
-        self.size = size
-        self.state = state
+    def __init__(self):
+        """None yet: the Joiner sets records, size, state, last, old and call
+        when an event begins (an ended _Pending is used again)."""
         self.tentative: list = []
         self.tentative_size = 0
-        self.last = now
-        self.old = 0
-        self.call = call
 
     def count(self) -> int:
         return len(self.records) + len(self.tentative)
@@ -3355,6 +3375,8 @@ class Joiner:
         self._view = view
         self._scan = view.scan_of(rule) if view.scan_of else rule.scan
         self._pending: dict = {}  # source: _Pending, in the order their events began
+        self._spare: _Pending | None = None  # one that ended, to begin the next with
+        self._caps = view.caps
         self._call = 0  # feed(), flush() and flush_quiet() calls so far
         self._lines = 0  # lines held, by all sources
         self._held_bytes = 0  # with caps: what the view counts of them
@@ -3445,39 +3467,48 @@ class Joiner:
         """One line (as the rule sees it; record: what the view keeps of it)."""
         p = self._pending.get(source)
         if p is not None:
-            self._touch(p)
+            if p.call != self._call:
+                self._touch(p)
             step = self._rule.follows(p.state, line)
             if step is not None:
                 action, p.state = step
                 p.last = now
-                if action == TENTATIVE:
-                    if self._holds_too_much(p, line):
-                        self._end(source, p, out)  # the held lines go on their own
-                        self._view.lines([record], 0, out)
-                        return
-                    p.tentative.append((record, line))
-                    p.tentative_size += 1 + len(line)
-                    self._hold(record)
-                    self._within_caps(out)
-                    return
-                tentative, p.tentative, p.tentative_size = p.tentative, [], 0
-                for held, seen in tentative:
-                    self._append(p, held, seen, out)
-                self._hold(record)
-                self._append(p, record, line, out)
-                if action == LAST:
-                    self._end(source, p, out)
-                else:
-                    self._within_caps(out)
+                self._follow(source, p, action, (record, line), out)
                 return
             self._end(source, p, out)
         state = self._rule.begins(line)
         if state is None:
             self._view.lines([record], 0, out)
             return
-        self._pending[source] = _Pending(state, record, len(line), self._call, now)
-        self._hold(record)
-        self._within_caps(out)
+        p, self._spare = self._spare or _Pending(), None
+        p.records, p.size, p.state, p.last, p.old, p.call = (
+            [record], len(line), state, now, 0, self._call)
+        self._pending[source] = p
+        self._lines += 1
+        if self._caps is not None:
+            self._hold_capped(record, out)
+
+    def _follow(self, source, p: _Pending, action: int, entry: tuple, out: _ItemList):
+        """A line that the rule says follows p's event: entry is (its record,
+        what the rule saw), action what it does to the event."""
+        record, line = entry
+        if action == TENTATIVE:
+            if self._holds_too_much(p, line):
+                self._end(source, p, out)  # the held lines go on their own
+                self._view.lines([record], 0, out)
+                return
+            p.tentative.append(entry)
+            p.tentative_size += 1 + len(line)
+            self._hold(record, out)
+            return
+        if p.tentative:
+            tentative, p.tentative, p.tentative_size = p.tentative, [], 0
+            for held, seen in tentative:
+                self._append(p, held, seen, out)
+        self._append(p, record, line, out)
+        if action == LAST:
+            self._end(source, p, out)
+        self._hold(record, out)
 
     def _holds_too_much(self, p: _Pending, line: bytes) -> bool:
         """Whether holding line too would pass a cap with the pending event."""
@@ -3494,23 +3525,25 @@ class Joiner:
         p.records.append(record)
         p.size += 1 + len(line)
 
-    def _hold(self, record):
+    def _hold(self, record, out: _ItemList):
+        """record is held (or was, if its event left already)."""
         self._lines += 1
-        if self._view.caps is not None:
-            self._held_bytes += self._view.cost(record)
+        if self._caps is not None:
+            self._hold_capped(record, out)
+
+    def _hold_capped(self, record, out: _ItemList):
+        """With the view's caps, record's bytes are held: push out the events
+        that began first while the sources pending or the bytes held are past
+        them."""
+        caps = self._caps
+        self._held_bytes += self._view.cost(record)
+        while self._pending and (len(self._pending) > caps[0] or self._held_bytes > caps[1]):
+            self._flush_source(next(iter(self._pending)), out, pushed_out=True)
 
     def _released(self, records: list):
         self._lines -= len(records)
-        if self._view.caps is not None:
+        if self._caps is not None:
             self._held_bytes -= sum(map(self._view.cost, records))
-
-    def _within_caps(self, out: _ItemList):
-        """With the view's caps, push out the events that began first while
-        the sources pending or the bytes held are past them."""
-        caps = self._view.caps
-        while caps is not None and self._pending and (
-                len(self._pending) > caps[0] or self._held_bytes > caps[1]):
-            self._flush_source(next(iter(self._pending)), out, pushed_out=True)
 
     def _flush_source(self, source, out: _ItemList, pushed_out: bool = False):
         p = self._pending.get(source)
@@ -3522,6 +3555,7 @@ class Joiner:
         """p's event and tentative lines leave; the source has none pending."""
         del self._pending[source]
         self._emit(p, out, pushed_out=pushed_out)
+        self._spare = p
 
     def _held(self, p: _Pending, lines: int) -> int:
         """How many of p's next `lines` lines emitted were held before the call."""
@@ -3534,6 +3568,15 @@ class Joiner:
         tentative lines as lines of their own; pushed_out (past the view's
         caps, unfinished): each marked as a cut event and counted."""
         records, view, counters = p.records, self._view, self._counters
+        if len(records) == 1 and not (cut or pushed_out or p.tentative):  # the common case
+            self._lines -= 1
+            if self._caps is not None:
+                self._held_bytes -= view.cost(records[0])
+            held = 1 if p.old else 0
+            p.old -= held
+            view.lines(records, held, out)
+            p.records = []
+            return
         self._released(records)
         if len(records) > 1 or (records and (cut or pushed_out)):
             joined = len(records) > 1

@@ -170,6 +170,26 @@ def test_encoders_make_one_event_per_line():
                                   "@continues": True}
 
 
+def test_every_encoder_takes_its_own_keys_from_one_builder():
+    """OwnKeys builds type, @pid, fields, @timestamp, @continues and the event
+    id; each encoder's events carry them alike, ids counted across calls."""
+    keys = zmqpush.OwnKeys(b"t", 7, ((b"dc", b"eu1"),), timestamp=True, run_id="r")
+    assert keys.tail(1e9, continues=True) == (
+        b'"type":"t","@pid":7,"dc":"eu1","@timestamp":"2001-09-09T01:46:40.000Z",'
+        b'"@continues":true')
+    assert (keys.event_id(), keys.take_ids(2), keys.event_id()) == (
+        b',"@metadata":{"_id":"r-0"}', 1, b',"@metadata":{"_id":"r-3"}')
+    ours = {"type": "t", "@pid": 7, "dc": "eu1", "@timestamp": "2001-09-09T01:46:40.000Z"}
+    for make in (zmqpush.Encoder, zmqpush.JsonEncoder, zmqpush.JournalEncoder):
+        encoder = make(b"t", 7, False, ((b"dc", b"eu1"),), True, run_id="r")
+        first = encoder.encode(b'{"MESSAGE":"a","message":"a"}\n', read_at=1e9)[0]
+        joined = encoder.encode_events([b"x\ny"], [True], 1e9)[0]
+        events = [json.loads(m) for m in first + joined]
+        assert [{k: e[k] for k in ours} for e in events] == [ours, ours], make
+        assert [e["@metadata"]["_id"] for e in events] == ["r-0", "r-1"], make
+        assert [e.get("@continues") for e in events] == [None, True], make
+
+
 def test_json_encoder_keeps_every_app_value_its_own_keys_replace():
     """The app-field rule: zmqpush's keys win (unless --json-overwrite), the
     app's values they replace go under "@json_replaced"; the app's valid
