@@ -1274,7 +1274,9 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
             lowered.append(f"--{name.replace('_', '-')} {value - cut}")
     if excess > 0:
         need = (limit + excess) / (1 << 20)
-        raise UsageError(f"these settings may need {need:.0f} MiB, over --memory-bytes "
+        share = MEMORY_PER_ENDPOINT * (endpoints - 1) / (1 << 20)
+        of_which = f" ({endpoints} endpoints {share:.0f} of them)" if endpoints > 1 else ""
+        raise UsageError(f"these settings may need {need:.0f} MiB{of_which}, over --memory-bytes "
                          f"{limit}: lower --queue-bytes, --replay-bytes, --max-line-bytes "
                          "or --batch-bytes, give fewer endpoints, or raise --memory-bytes "
                          '(README "Flow control and memory")')
