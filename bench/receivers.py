@@ -9,7 +9,10 @@ every 20 ms (the most threads and open descriptors seen, and VmHWM, its peak
 RSS, at the last look); CPU comes from wait4().  Runs alternate between the
 zmqpush files given (--zmqpush, repeated: e.g. the code before a change and
 after) and between receiver counts; the table shows medians.  Sized for 2
-cores: 300,000 lines a run.
+cores: 300,000 lines a run.  A --zmqpush in a bin/ directory is an installed
+command (a venv's launcher, which imports the module pip compiled) and runs as
+it is; another file runs with --python, which compiles it first (about 15 MiB
+more at the peak: see bench/README.md "Many receivers").
 """
 import argparse
 import os
@@ -99,7 +102,8 @@ def main():
         for _ in range(args.runs):
             for receivers in args.receivers:
                 for path in files:
-                    argv = [args.python, path, "-q", *args.options.split()]
+                    command = [path] if Path(path).parent.name == "bin" else [args.python, path]
+                    argv = [*command, "-q", *args.options.split()]
                     got = run(argv, corpus, args.lines, receivers)
                     results.setdefault((path, receivers), []).append(got)
     keys = ["lines/s", "CPU-s per 1M lines", "peak RSS MiB", "threads", "descriptors"]
