@@ -111,14 +111,15 @@ def main():
     print(f"{args.lines:,} {kind} bytes, zmqpush {args.options or 'at its defaults'}, median "
           f"of {args.runs} alternating runs, one bench/ccount.c bound on every receiver's "
           "port, 2 CPUs\n")
-    print("| zmqpush | receivers | " + " | ".join(keys) + " | received |")
-    print("|---|---:|" + "---:|" * len(keys) + "---:|")
+    print("| zmqpush | receivers | " + " | ".join(keys) + " | lines/s, all runs | received |")
+    print("|---|---:|" + "---:|" * len(keys) + "---|---:|")
     for (path, receivers), runs in results.items():
         cells = [statistics.median(r[k] for r in runs) for k in keys]
         text = [f"{cells[0]:,.0f}", f"{cells[1]:.2f}", f"{cells[2]:.1f}",
                 f"{cells[3]:.0f}", f"{cells[4]:.0f}"]
+        spread = ", ".join(f"{r['lines/s'] / 1000:.0f}k" for r in runs)
         received = min(r["received"] for r in runs)
-        print(f"| {path} | {receivers} | " + " | ".join(text) + f" | {received:,} |")
+        print(f"| {path} | {receivers} | " + " | ".join(text) + f" | {spread} | {received:,} |")
     print(f"\nCommand: `python bench/receivers.py {' '.join(sys.argv[1:])}`")
 
 
