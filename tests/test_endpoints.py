@@ -162,8 +162,8 @@ def test_bind_peers_past_the_open_files_limit_are_said_once_and_the_connected_ge
             time.sleep(0.01)
         assert proc.returncode == 0, stderr
         said = [line for line in stderr.decode().splitlines() if "open file" in line]
-        assert len(said) == 1 and said[0].startswith(f"zmqpush: peers on {endpoint} take "
-                                                     "nearly every open file"), stderr
+        assert len(said) == 1, stderr
+        assert f"zmqpush: peers on {endpoint} take nearly every open file" in said[0]
         assert "ulimit -n" in said[0]
         assert received == lines
     finally:
