@@ -5530,7 +5530,7 @@ class Doorkeeper:
     the peer stays in the listen queue, whose descriptor stays ready, and the
     I/O thread tries accept() again at every wake-up (a core busy for as long
     as the peer waits).  Closed, the door is a socket filter on each listening
-    socket (libzmq's, from its LISTENING event; never closed here) that drops
+    socket (libzmq's, known from its LISTENING event; a duplicate) that drops
     every packet, so new peers' SYNs go unanswered (they retry, backing off);
     the peers already queued are drained: accepted and at once closed, with
     one of BIND_RESERVE descriptors kept for that given up for each (a
@@ -5539,16 +5539,17 @@ class Doorkeeper:
     descriptors are free."""
 
     def __init__(self):
-        self._listeners: list = []  # socket objects on libzmq's listening descriptors
+        self._listeners: list = []  # sockets on duplicates of libzmq's listening descriptors
         self._reserve: list = []
         self.closed = False
         self.refused = 0  # queued peers turned away
 
     def listening(self, fd: int):
-        """libzmq listens on fd (its LISTENING event).  The descriptor is made
-        non-blocking (libzmq, which accepts when epoll says so, takes EAGAIN
-        for a peer that went away)."""
-        listener = socket.socket(fileno=fd)
+        """libzmq listens on fd (its LISTENING event).  A duplicate of it is
+        kept (closing it leaves libzmq's alone), made non-blocking, which the
+        two share (libzmq, which accepts when epoll says so, takes EAGAIN for a
+        peer that went away)."""
+        listener = socket.socket(fileno=os.dup(fd))
         listener.setblocking(False)
         self._listeners.append(listener)
         self._restock()
@@ -5571,9 +5572,9 @@ class Doorkeeper:
                 set_drop_filter(listener, False)
 
     def close(self):
-        """Stop; the listening descriptors stay libzmq's."""
+        """Stop (libzmq's listening descriptors stay open)."""
         for listener in self._listeners:
-            listener.detach()
+            listener.close()
         self._listeners = []
         for fd in self._reserve:
             os.close(fd)
@@ -5779,9 +5780,10 @@ def socket_parts(config: Config) -> list:
 # zmqpush opens besides its PUSH sockets (stdin, the epolls, the loop's pipes,
 # ZeroMQ's I/O thread and reaper: 19), with room for a spool's files and
 # --metrics-listen; what each PUSH socket opens (its mailbox and the mailboxes
-# of its monitor's two PAIR sockets), and each connection or listener (its TCP
-# socket).  Peers arriving on --bind take one each: the soft limit is raised
-# to the hard one when it leaves fewer than BIND_PEERS_ROOM.
+# of its monitor's two PAIR sockets), and each connection (its TCP socket) or
+# listener (and the Doorkeeper's duplicate).  Peers arriving on --bind take one
+# each: the soft limit is raised to the hard one when it leaves fewer than
+# BIND_PEERS_ROOM.
 DESCRIPTORS_BASE = 32
 DESCRIPTORS_PER_SOCKET = 3
 ZMQ_SOCKETS_PER_SOCKET = 3  # the PUSH socket and its monitor's PAIR sockets
@@ -5800,7 +5802,7 @@ def descriptors_needed(config: Config) -> int:
     """The open files config's sockets need, --bind peers not counted (their
     reserve is)."""
     return (DESCRIPTORS_BASE + DESCRIPTORS_PER_SOCKET * len(socket_parts(config))
-            + len(config.connect) + len(config.bind) + (BIND_RESERVE if config.bind else 0))
+            + len(config.connect) + 2 * len(config.bind) + (BIND_RESERVE if config.bind else 0))
 
 
 def raise_descriptor_limit(config: Config) -> str | None:

@@ -136,6 +136,7 @@ def test_each_endpoint_counts_in_the_memory_formula_and_lowers_what_was_not_set(
     refused = subprocess.run(cli("--replay-bytes", str(16 << 20), *connect_args(endpoints)),
                              input=b"", capture_output=True, timeout=60, env=env_with({}))
     assert refused.returncode == 2
+    assert b"(256 endpoints 20 of them)" in refused.stderr  # 80 KiB each past the first
     assert b"give fewer endpoints" in refused.stderr
 
 
