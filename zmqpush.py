@@ -8172,23 +8172,23 @@ def reopen_closed_std_fds() -> set:
     return closed
 
 
-# glibc's mallopt parameter, and the size from which blocks get their own mapping
-# (glibc's own starting value, kept: see map_large_blocks).
+# glibc's mallopt parameter, and the size from which blocks get their own mapping.
 M_MMAP_THRESHOLD = -3
-LARGE_BLOCK_BYTES = 128 << 10
+LARGE_BLOCK_BYTES = 256 << 10
 
 
-def map_large_blocks() -> bool:
-    """Have glibc map every block of LARGE_BLOCK_BYTES or more on its own, so
-    that freeing it returns it to the system.  Left to itself glibc raises
-    that threshold to the largest mapped block freed (up to 32 MiB), and
-    blocks below it then come from the heap, where the smaller objects kept
-    between them (the replay window's messages) keep it from shrinking:
-    measured at full speed, JSON lines with --batch peaked at 66 to 71 MiB
-    against 47 to 52 with the threshold kept (bench/README.md "Many
-    receivers"), escaped megabyte lines between short ones at 78 MiB against
-    51.  Full reads are then mapped once each (a read of a trickle asks for
-    SLOW_READ_BYTES, below it).  Returns True if set (False off glibc)."""
+def map_large_blocks(config: Config) -> bool:
+    """For settings with messages past the defaults' (longer lines, larger
+    reads), have glibc map every block of LARGE_BLOCK_BYTES or more on its own,
+    so that freeing it returns it to the system.  Left to itself glibc raises
+    that threshold to the largest block freed (up to 32 MiB): escaped megabyte
+    lines then come from the heap, where small objects between them keep it
+    from shrinking (measured: 78 MiB peak against 51 MiB, 1 MiB lines of NULs
+    between short ones).  Returns True if set; ctypes (4 ms to import) is paid
+    only then."""
+    if config.max_line_bytes <= DEFAULT_MAX_LINE_BYTES and \
+            (not config.batch or config.batch_bytes <= DEFAULT_READ_BYTES):
+        return False
     try:
         import ctypes
         return ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES) == 1
@@ -8220,7 +8220,7 @@ def main(argv=None) -> int:
     if short is not None:
         warn(short)
         return EXIT_USAGE
-    map_large_blocks()
+    map_large_blocks(config)
     loop = new_event_loop()
     try:
         return loop.run_until_complete(Shipper(config, stdout_closed=1 in closed).run())

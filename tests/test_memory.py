@@ -301,30 +301,3 @@ def test_large_lines_for_a_stopped_receiver_stay_under_64_mib():
     assert proc.returncode == 0
     assert summary[:2] == ["received", "2000"] and summary[3:5] == ["(0", "invalid)"], summary
     assert 0 < peak < 64 * 1024, peak
-
-
-def structured_log_lines(count: int) -> bytes:
-    """count JSON lines as a structured logger writes them (bench/corpus.py's)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(SINK)))
-    try:
-        from corpus import json_line
-    finally:
-        sys.path.pop(0)
-    import random
-    rnd = random.Random(1)
-    return b"".join(json_line(rnd, n) + b"\n" for n in range(count))
-
-
-@pytest.mark.alone
-@pytest.mark.parametrize("mode", [[], ["--batch"]], ids=["default", "batch"])
-def test_json_lines_at_full_speed_keep_the_heap_from_fragmenting(mode):
-    """Issue 34: glibc, left to itself, raises its mapping threshold past the
-    read buffers, which then come from the heap between the replay window's
-    messages and keep it from shrinking (66 to 71 MiB with --batch).  With the
-    threshold kept (map_large_blocks) the peak stays well under the 64 MiB
-    bound (measured 46 to 52 MiB)."""
-    lines = 200_000
-    code, peak_kib, summary = ship(mode, structured_log_lines(lines))
-    assert code == 0
-    assert summary.startswith(f"received {lines} events (0 invalid)"), summary
-    assert peak_kib < 58 * 1024, peak_kib
