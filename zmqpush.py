@@ -1275,7 +1275,9 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
             lowered.append(f"--{name.replace('_', '-')} {value - cut}")
     if excess > 0:
         need = (limit + excess) / (1 << 20)
-        raise UsageError(f"these settings may need {need:.0f} MiB, over --memory-bytes "
+        share = MEMORY_PER_ENDPOINT * (endpoints - 1) / (1 << 20)
+        of_which = f" ({endpoints} endpoints {share:.0f} of them)" if endpoints > 1 else ""
+        raise UsageError(f"these settings may need {need:.0f} MiB{of_which}, over --memory-bytes "
                          f"{limit}: lower --queue-bytes, --replay-bytes, --max-line-bytes "
                          "or --batch-bytes, give fewer endpoints, or raise --memory-bytes "
                          '(README "Flow control and memory")')
@@ -5637,6 +5639,8 @@ def configure_socket(sock, config: Config):
     # dies with its connection: rsyslog (--confirm) or the replay window.
     sock.setsockopt(zmq.IMMEDIATE, 1 if config.confirm or config.replay_bytes else 0)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+    if config.bind:
+        sock.setsockopt(zmq.BACKLOG, BIND_BACKLOG)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     if config.replay_bytes:
         sock.setsockopt(zmq.SNDBUF, REPLAY_SNDBUF)
@@ -5693,6 +5697,103 @@ class Closing(NamedTuple):
             part.close()
 
 
+class Doorkeeper:
+    """--bind when peers took nearly every open file: closes the door to
+    further peers so that libzmq does not spin on them.
+
+    libzmq takes a peer that it cannot accept (EMFILE) for a passing failure:
+    the peer stays in the listen queue, whose descriptor stays ready, and the
+    I/O thread tries accept() again at every wake-up (a core busy for as long
+    as the peer waits).  Closed, the door is a socket filter on each listening
+    socket (libzmq's, known from its LISTENING event; a duplicate) that drops
+    every packet, so new peers' SYNs go unanswered (they retry, backing off);
+    the peers already queued are drained: accepted and at once closed, with
+    one of BIND_RESERVE descriptors kept for that given up for each (a
+    BIND_BACKLOG-long listen queue needs no more: one libzmq wins instead is
+    a peer admitted).  The door opens again when a peer leaves and enough
+    descriptors are free."""
+
+    def __init__(self):
+        self._listeners: list = []  # sockets on duplicates of libzmq's listening descriptors
+        self._reserve: list = []
+        self.closed = False
+        self.refused = 0  # queued peers turned away
+
+    def listening(self, fd: int):
+        """libzmq listens on fd (its LISTENING event).  A duplicate of it is
+        kept (closing it leaves libzmq's alone), made non-blocking, which the
+        two share (libzmq, which accepts when epoll says so, takes EAGAIN for a
+        peer that went away)."""
+        listener = socket.socket(fileno=os.dup(fd))
+        listener.setblocking(False)
+        self._listeners.append(listener)
+        self._restock()
+
+    def close_door(self):
+        """Drop new peers' packets, turn away the queued ones."""
+        if not self.closed:
+            self.closed = True
+            for listener in self._listeners:
+                set_drop_filter(listener, True)
+        for listener in self._listeners:
+            self._drain(listener)
+
+    def open_door(self):
+        """Let new peers in again."""
+        self._restock()
+        if self.closed:
+            self.closed = False
+            for listener in self._listeners:
+                set_drop_filter(listener, False)
+
+    def close(self):
+        """Stop (libzmq's listening descriptors stay open)."""
+        for listener in self._listeners:
+            listener.close()
+        self._listeners = []
+        for fd in self._reserve:
+            os.close(fd)
+        self._reserve = []
+
+    def _restock(self):
+        """Keep BIND_RESERVE descriptors in reserve, as far as some are free."""
+        try:
+            while len(self._reserve) < BIND_RESERVE:
+                self._reserve.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            pass
+
+    def _drain(self, listener: socket.socket):
+        """Accept and close the peers queued on listener, giving up a reserve
+        descriptor whenever none is left."""
+        for _ in range(BIND_BACKLOG + BIND_RESERVE + 1):
+            try:
+                listener.accept()[0].close()
+                self.refused += 1
+                continue
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._reserve:
+                    return
+            os.close(self._reserve.pop())
+
+
+def set_drop_filter(listener: socket.socket, drop: bool):
+    """Attach to listener a classic BPF program that drops every packet
+    (BPF_RET|BPF_K 0), or detach it.  Linux; elsewhere nothing is done."""
+    try:
+        if not drop:
+            listener.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+            return
+        import ctypes
+        program = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))
+        listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
+                            struct.pack("@HP", 1, ctypes.addressof(program)))
+    except (OSError, ImportError):
+        pass
+
+
 class Connections:
     """Which receivers are connected, from a ZeroMQ socket monitor on the PUSH
     socket, watched by the loop (no timer: with no receiver it never wakes).
@@ -5719,6 +5820,7 @@ class Connections:
         self._zmq = zmq
         self._sock = sock
         self._said_full = False  # peers took nearly every descriptor (see _check_descriptors)
+        self._doorkeeper = Doorkeeper()
         self._counters = counters
         self._on_event = on_event
         self._on_lost = on_lost
@@ -5731,8 +5833,9 @@ class Connections:
         self._up: collections.Counter = collections.Counter()
         self._tcp_fds: set = set()
         self._monitor = sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-            | zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | HANDSHAKE_FAILED_EVENTS)
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_LISTENING
+            | zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED
+            | HANDSHAKE_FAILED_EVENTS)
         self._fd = self._monitor.getsockopt(zmq.FD)
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._fd, self.read_events)
@@ -5746,6 +5849,7 @@ class Connections:
         self._loop.remove_reader(self._fd)
         if hear_left:
             self.read_events()
+        self._doorkeeper.close()
         if not self._sock.closed:
             self._sock.disable_monitor()
         self._monitor.close(linger=0)
@@ -5779,13 +5883,11 @@ class Connections:
                 pass
         return total
 
-    def _check_descriptors(self, endpoint: str):
-        """Say once when --bind peers leave fewer than DESCRIPTORS_SPARE open
-        files.  Past the limit libzmq leaves a new peer in the listen queue and
-        tries to accept it again at every wake-up (a core busy while it waits);
-        the peers connected keep getting lines."""
-        if self._said_full:
-            return
+    def _check_descriptors(self, endpoint: str | None):
+        """At a --bind peer accepted or refused for want of a descriptor
+        (endpoint) or gone (None): while peers leave fewer than
+        DESCRIPTORS_SPARE open files, the door is closed to further ones (see
+        Doorkeeper), said once; the peers connected keep getting lines."""
         import resource
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         try:
@@ -5793,10 +5895,16 @@ class Connections:
         except OSError:  # none left even for that
             used = limit
         if used + DESCRIPTORS_SPARE < limit:
+            self._doorkeeper.open_door()
             return
-        self._said_full = True
-        warn(f"peers on {endpoint} take nearly every open file ({used} of {limit}, ulimit "
-             "-n): further peers wait until one leaves; the connected ones go on")
+        if endpoint is None:
+            return
+        self._doorkeeper.close_door()
+        if not self._said_full:
+            self._said_full = True
+            warn(f"peers on {endpoint} take nearly every open file ({used} of {limit}, ulimit "
+                 "-n): further peers are held off (they retry) until one leaves; the "
+                 "connected ones go on")
 
     def _on_monitor_event(self, event: int, value: int, endpoint: str):
         zmq = self._zmq
@@ -5810,6 +5918,12 @@ class Connections:
             self._tcp_fds.discard(value)
             handshaken = not self._failing and self._born.pop(value, -1) != self._successes
             self._failing = False
+            if self._doorkeeper.closed:
+                self._check_descriptors(None)
+        elif event == zmq.EVENT_LISTENING:
+            self._doorkeeper.listening(value)
+        elif event == zmq.EVENT_ACCEPT_FAILED and value in (errno.EMFILE, errno.ENFILE):
+            self._check_descriptors(endpoint)
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._successes += 1
             self._up[endpoint] += 1
@@ -5841,21 +5955,29 @@ def socket_parts(config: Config) -> list:
 # zmqpush opens besides its PUSH sockets (stdin, the epolls, the loop's pipes,
 # ZeroMQ's I/O thread and reaper: 19), with room for a spool's files and
 # --metrics-listen; what each PUSH socket opens (its mailbox and the mailboxes
-# of its monitor's two PAIR sockets), and each connection or listener (its TCP
-# socket).  Peers arriving on --bind take one each: the soft limit is raised
-# to the hard one when it leaves fewer than BIND_PEERS_ROOM.
+# of its monitor's two PAIR sockets), and each connection (its TCP socket) or
+# listener (and the Doorkeeper's duplicate).  Peers arriving on --bind take one
+# each: the soft limit is raised to the hard one when it leaves fewer than
+# BIND_PEERS_ROOM.
 DESCRIPTORS_BASE = 32
 DESCRIPTORS_PER_SOCKET = 3
 ZMQ_SOCKETS_PER_SOCKET = 3  # the PUSH socket and its monitor's PAIR sockets
 BIND_PEERS_ROOM = 256
-DESCRIPTORS_SPARE = 8  # said once when --bind peers leave fewer (Connections)
+DESCRIPTORS_SPARE = 8  # --bind peers past this are held off (Connections)
+# --bind's listen queue, and the descriptors kept to turn away what it holds
+# when the door closes (Doorkeeper); Linux's filter options.
+BIND_BACKLOG = 8
+BIND_RESERVE = BIND_BACKLOG + 1
+SO_ATTACH_FILTER = 26
+SO_DETACH_FILTER = 27
 LIBZMQ_MAX_SOCKETS = 1023  # libzmq's default ZMQ_MAX_SOCKETS
 
 
 def descriptors_needed(config: Config) -> int:
-    """The open files config's sockets need, --bind peers not counted."""
+    """The open files config's sockets need, --bind peers not counted (their
+    reserve is)."""
     return (DESCRIPTORS_BASE + DESCRIPTORS_PER_SOCKET * len(socket_parts(config))
-            + len(config.connect) + len(config.bind))
+            + len(config.connect) + 2 * len(config.bind) + (BIND_RESERVE if config.bind else 0))
 
 
 def raise_descriptor_limit(config: Config) -> str | None:

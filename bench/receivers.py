@@ -9,7 +9,10 @@ every 20 ms (the most threads and open descriptors seen, and VmHWM, its peak
 RSS, at the last look); CPU comes from wait4().  Runs alternate between the
 zmqpush files given (--zmqpush, repeated: e.g. the code before a change and
 after) and between receiver counts; the table shows medians.  Sized for 2
-cores: 300,000 lines a run.
+cores: 300,000 lines a run.  A --zmqpush in a bin/ directory is an installed
+command (a venv's launcher, which imports the module pip compiled) and runs as
+it is; another file runs with --python, which compiles it first (about 15 MiB
+more at the peak: see bench/README.md "Many receivers").
 """
 import argparse
 import os
@@ -99,7 +102,8 @@ def main():
         for _ in range(args.runs):
             for receivers in args.receivers:
                 for path in files:
-                    argv = [args.python, path, "-q", *args.options.split()]
+                    command = [path] if Path(path).parent.name == "bin" else [args.python, path]
+                    argv = [*command, "-q", *args.options.split()]
                     got = run(argv, corpus, args.lines, receivers)
                     results.setdefault((path, receivers), []).append(got)
     keys = ["lines/s", "CPU-s per 1M lines", "peak RSS MiB", "threads", "descriptors"]
@@ -107,14 +111,15 @@ def main():
     print(f"{args.lines:,} {kind} bytes, zmqpush {args.options or 'at its defaults'}, median "
           f"of {args.runs} alternating runs, one bench/ccount.c bound on every receiver's "
           "port, 2 CPUs\n")
-    print("| zmqpush | receivers | " + " | ".join(keys) + " | received |")
-    print("|---|---:|" + "---:|" * len(keys) + "---:|")
+    print("| zmqpush | receivers | " + " | ".join(keys) + " | lines/s, all runs | received |")
+    print("|---|---:|" + "---:|" * len(keys) + "---|---:|")
     for (path, receivers), runs in results.items():
         cells = [statistics.median(r[k] for r in runs) for k in keys]
         text = [f"{cells[0]:,.0f}", f"{cells[1]:.2f}", f"{cells[2]:.1f}",
                 f"{cells[3]:.0f}", f"{cells[4]:.0f}"]
+        spread = ", ".join(f"{r['lines/s'] / 1000:.0f}k" for r in runs)
         received = min(r["received"] for r in runs)
-        print(f"| {path} | {receivers} | " + " | ".join(text) + f" | {received:,} |")
+        print(f"| {path} | {receivers} | " + " | ".join(text) + f" | {spread} | {received:,} |")
     print(f"\nCommand: `python bench/receivers.py {' '.join(sys.argv[1:])}`")
 
 
