@@ -141,7 +141,7 @@ def interleaved(traces: list) -> tuple:
     the lines between them one event."""
     data, expected = b"", []
     for n, trace in enumerate(traces):
-        data += b"ordinary %d before\n" % n + trace + b"ordinary %d after\n" % n
+        data += b"ordinary %d before\n" % n + trace + b"%d ordinary after\n" % n
         expected.append(f"ordinary {n} before")
         group: list = []
         for line in trace.rstrip(b"\n").split(b"\n"):
@@ -154,7 +154,7 @@ def interleaved(traces: list) -> tuple:
                 group.append(line)
         if group:
             expected.append(b"\n".join(group).decode())
-        expected.append(f"ordinary {n} after")
+        expected.append(f"{n} ordinary after")
     return data, expected
 
 
@@ -224,12 +224,12 @@ def proc_pid(proc: subprocess.CompletedProcess) -> int:
 def test_an_endless_trace_is_cut_at_max_lines_and_nothing_is_lost(receiver):
     lines = [b"Traceback (most recent call last):"] + [
         b'  File "x.py", line %d, in f' % n for n in range(1200)] + [b"RecursionError: deep"]
-    proc = ship(receiver, b"\n".join(lines) + b"\nnext\n", "--multiline", "python",
+    proc = ship(receiver, b"\n".join(lines) + b"\n1 next\n", "--multiline", "python",
                 "--multiline-max-lines", "500")
     events = receiver.events()
     assert [len(e["message"].split("\n")) for e in events] == [500, 500, 202, 1]
     assert [e.get("@continues", False) for e in events] == [True, True, False, False]
-    assert "\n".join(e["message"] for e in events).encode() == b"\n".join(lines) + b"\nnext"
+    assert "\n".join(e["message"] for e in events).encode() == b"\n".join(lines) + b"\n1 next"
     assert "(2 cut at a cap)" in proc.stderr.decode()
 
 
@@ -393,7 +393,7 @@ def test_blank_lines_held_after_a_go_panic_count_against_the_caps(receiver):
 @pytest.mark.parametrize("args, says", [
     (["--multiline-negate"], "--multiline-negate needs --multiline"),
     (["--multiline", "python", "--multiline-pattern", "x"], "cannot be combined"),
-    (["--multiline", "cobol"], "invalid comma-separated list of python, java, go, ruby value"),
+    (["--multiline", "cobol"], "invalid comma-separated list of python, java, go, ruby, php, node value"),
     (["--multiline-pattern", "("], "invalid Python regular expression"),
     (["--multiline-pattern", r"^(\s*at .+)+$"], "without a repetition or an alternation"),
     (["--multiline-pattern", r"(a|aa)+$"], "without a repetition or an alternation"),
