@@ -3136,7 +3136,8 @@ class PhpRule:
     ending " in FILE:LINE" or holding "Fatal error: Uncaught " begins an
     event if "Stack trace:" follows (after the message's later lines); the
     frames "#N ...", a blank line and "Next Class: ..." (a chained
-    exception), and "  thrown in FILE on line N" (its last line) continue it."""
+    exception; journald keeps no blank line), and "  thrown in FILE on line N"
+    (its last line) continue it."""
 
     HEAD, TRACE, NEXT, MESSAGE = range(4)  # MESSAGE + n: n + 1 lines of the message
     scans_one_stream = True
@@ -3178,6 +3179,8 @@ class PhpRule:
             return CONTINUE, PhpRule.TRACE
         if line.startswith(b"  thrown in "):
             return LAST, PhpRule.TRACE
+        if line.startswith(b"Next "):  # without the blank line before it (journald)
+            return CONTINUE, PhpRule.HEAD
         return (TENTATIVE, PhpRule.NEXT) if _blank(line) else None
 
 
@@ -3212,6 +3215,9 @@ class NodeRule:
                 above = _line_start(chunk, above - 1, pos) if above > pos else above
             found.append(above)
         found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
+        last = _line_start(chunk, len(chunk) - 1, pos)  # 'FILE:LINE' may be followed later
+        if self._where.match(chunk, last, len(chunk) - 1):
+            found.append(last)
         return min((at for at in found if at >= 0), default=-1)
 
     def _above(self, chunk: bytes, pos: int, line: int) -> int:

@@ -6,14 +6,18 @@ trace as its own, bytes in order.  Between shapes a program prints a mark, a
 timestamped line that is an event of its own.  Real processes and sockets on
 127.0.0.1."""
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import rsyslog
+from test_structured import BOOT_ID, JOURNAL_REMOTE, export_entry, journalctl
 
-from conftest import Receiver, free_port, run
+from conftest import ZMQPUSH, Receiver, free_port, run
 
 MARK = "2026-11-27 10:00:00.000 mark"
 ALL = "python,java,go,ruby,node,php"
@@ -361,7 +365,71 @@ def test_every_trace_a_runtime_prints_is_one_event(corpus, runtime):
 
 
 def test_all_six_presets_at_once_keep_every_runtime_s_traces(corpus):
-    pairs = [p for runtime in CORPUS if not isinstance(corpus[runtime], str)
-             for p in corpus[runtime]]
-    data, expected = stream_of(pairs)
+    data, expected = stream_of(every_runtime(corpus))
     assert ship(data, "--multiline", ALL) == expected
+
+
+def unblank(pairs: list) -> tuple:
+    """(lines, expected messages) of the corpus as journald and rsyslog keep
+    it: no blank lines (journald makes no entry of one; imfile skips them)."""
+    data, expected = stream_of(pairs)
+    lines = [line for line in data.split(b"\n") if line]
+    events = ["\n".join(line for line in e.split("\n") if line) for e in expected]
+    return lines, [e for e in events if e]
+
+
+def every_runtime(corpus: dict) -> list:
+    return [p for runtime in CORPUS if not isinstance(corpus[runtime], str)
+            for p in corpus[runtime]]
+
+
+def test_traces_read_back_from_a_real_journal_are_one_event_each(corpus, tmp_path):
+    """journalctl -o json of a journal file systemd-journal-remote wrote: each
+    line an entry of one unit and pid, no entry for a blank line (a chained
+    Python traceback's "The above exception..." follows its exception line)."""
+    if not os.path.exists(JOURNAL_REMOTE):
+        pytest.fail(f"{JOURNAL_REMOTE} is missing: .ci/run installs systemd-journal-remote")
+    lines, expected = unblank(every_runtime(corpus))
+    export = b"".join(export_entry([
+        (b"__REALTIME_TIMESTAMP", b"%d" % (1764072000000000 + n)),
+        (b"__MONOTONIC_TIMESTAMP", b"%d" % (1000 + n)), (b"_BOOT_ID", BOOT_ID.encode()),
+        (b"MESSAGE", line), (b"SYSLOG_IDENTIFIER", b"app"), (b"_PID", b"42"),
+        (b"_HOSTNAME", b"web1"), (b"_SYSTEMD_UNIT", b"app.service")])
+        for n, line in enumerate(lines))
+    path = str(tmp_path / "traces.journal")
+    subprocess.run([JOURNAL_REMOTE, "-o", path, "-"], input=export, check=True,
+                   capture_output=True, timeout=30)
+    assert ship(journalctl(path, "--all"), "--journal", "--multiline", ALL) == expected
+
+
+def readme_rsyslog_json() -> str:
+    """README "Structured logs"'s rsyslog configuration, as written there."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"\n((?:    .*\n)*    global\(.*\n(?:    .*\n)+)", text)[1]
+    return "\n".join(line[4:] for line in block.splitlines())
+
+
+def test_traces_through_rsyslog_configured_as_the_readme_says(corpus, tmp_path):
+    """rsyslogd with its default escaping and README's own configuration
+    (global(), template and action, as written there but for the endpoint):
+    each line a syslog message, a tab kept a tab; joined per source."""
+    assert rsyslog.available(), "rsyslogd is not installed: .ci/run installs Debian's rsyslog"
+    lines, expected = unblank(every_runtime(corpus))
+    receiver = Receiver(free_port())
+    config = readme_rsyslog_json().replace("/usr/local/bin/zmqpush.py", ZMQPUSH).replace(
+        "tcp://logstash:2120", f"{receiver.endpoint} --multiline {ALL} --multiline-timeout 0.2"
+        " --multiline-source logsource,program,pid")
+    config, action = config.split("\naction(", 1)
+    rs = rsyslog.PrivateRsyslog(tmp_path / "rsyslog", "action(" + action,
+                                modules='module(load="omprog")\n' + config, escaping="")
+    try:
+        rs.start()
+        with socket.create_connection(("127.0.0.1", rs.port)) as conn:
+            conn.sendall(b"".join(b"<11>1 - web1 app 42 - - " + line + b"\n" for line in lines))
+        receiver.wait_for(len(expected), 60)
+        rs.stop()
+        receiver.settle()
+        assert receiver.messages() == expected
+    finally:
+        rs.stop()
+        receiver.stop()
