@@ -2887,8 +2887,8 @@ def record_header() -> re.Pattern:
     """A line that begins with a timestamp or a logging framework's record
     header (a digit, "[" and a digit, a syslog PRI, a month's name, Ruby
     Logger's "E, [", an upper-case level word, "PHP Warning", a JSON object):
-    it ends the lines that follow an exception line (README "Multi-line
-    events").  Compiled once, when a preset first needs it."""
+    it ends the lines that follow an exception line (README
+    "Multi-line events").  Compiled once, when a preset first needs it."""
     return re.compile(
         rb'[0-9]|\[[0-9]|<[0-9]{1,3}>|[DIWEFAU], \[|\{"'
         rb"|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ 0-9][0-9]"

@@ -11,13 +11,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import rsyslog
 from test_structured import BOOT_ID, JOURNAL_REMOTE, export_entry, journalctl
 
-from conftest import ZMQPUSH, Receiver, free_port, run
+from conftest import ZMQPUSH, Receiver, free_port, run, start, stop_process
 
 MARK = "2026-11-27 10:00:00.000 mark"
 ALL = "python,java,go,ruby,node,php"
@@ -432,4 +433,25 @@ def test_traces_through_rsyslog_configured_as_the_readme_says(corpus, tmp_path):
         assert receiver.messages() == expected
     finally:
         rs.stop()
+        receiver.stop()
+
+
+def test_every_trace_is_one_event_when_written_line_by_line(corpus):
+    """One write a line (as rsyslog's omprog and a slow program send them): the
+    presets find a trace's first line alone in a read too."""
+    data, expected = stream_of(every_runtime(corpus))
+    receiver = Receiver(free_port())
+    proc = start(["-q", "-c", receiver.endpoint, "--multiline", ALL,
+                  "--multiline-timeout", "5"])
+    try:
+        for line in data.splitlines(keepends=True):
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            time.sleep(0.001)
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+        receiver.settle()
+        assert receiver.messages() == expected
+    finally:
+        stop_process(proc)
         receiver.stop()
