@@ -2880,6 +2880,7 @@ def _first_found(chunk: bytes, pos: int, needles: tuple) -> int:
 
 
 MESSAGE_LINES = 20  # at most this many lines of a message between its head and frames
+MAX_STACK = 200  # node: at most this many lines between 'FILE:LINE' and "Node.js vN"
 
 
 @functools.lru_cache(maxsize=1)
@@ -3013,8 +3014,11 @@ class JavaRule:
         tab = chunk.find(b"\n\t", pos)
         found = [self._above(chunk, pos, at) for at in (
             tab + 1 if tab >= 0 else -1, chunk.find(b"Caused by: ", pos),
-            chunk.find(b"  at ", pos)) if at >= 0]
-        found.append(_first_found(chunk, pos, (b" AM ", b" PM ")))
+            chunk.find(b"    at ", pos)) if at >= 0]
+        for level in (b"\nSEVERE: ", b"\nWARNING: "):  # a JUL record's second line
+            at = chunk.find(level, pos)
+            if at >= 0:
+                found.append(_line_start(chunk, at, pos))
         found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
         return min((at for at in found if at >= 0), default=-1)
 
@@ -3045,9 +3049,9 @@ class JavaRule:
 
 class GoRule:
     """The Go runtime's report of a panic or fatal error: a line starting with
-    "panic: ", "fatal error: " or "runtime: " (a stack overflow's), or the
-    line net/http logs for a panic it recovered ("... http: panic serving
-    ..."), begins an event; lines starting with a tab, "[signal ",
+    "panic: ", "fatal error: " or "runtime: goroutine stack exceeds " (a stack
+    overflow's), or the line net/http logs for a panic it recovered ("...
+    http: panic serving ..."), begins an event; lines starting with a tab, "[signal ",
     "runtime: ", "fatal error: ", "goroutine N [...]:" and "runtime stack:"
     continue it, and in a goroutine's stack its function lines ("main.main()",
     "created by ..."); blank lines continue it when such a line follows them."""
@@ -3056,15 +3060,16 @@ class GoRule:
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
-        self._begin = re.compile(rb"panic: |fatal error: |runtime: |[^\n]*?http: panic serving ")
+        self._overflow = b"runtime: goroutine stack exceeds "
+        self._begin = re.compile(rb"panic: |fatal error: |" + self._overflow
+                                 + rb"|[^\n]*?http: panic serving ")
         self._more = re.compile(rb"\t|\[signal |runtime: |fatal error: ")
         self._block = re.compile(rb"goroutine \d+ .*\]:\r?$|runtime stack:\r?$")
         self._function = re.compile(
             rb"[^\s(]+\(.*\)\r?$|created by |\.\.\.additional frames elided")
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        return _first_found(chunk, pos, (b"panic: ", b"fatal error: ", b"runtime: ",
-                                         b"http: panic serving "))
+        return _first_found(chunk, pos, (b"panic", b"fatal error: ", self._overflow))
 
     def begins(self, line: bytes):
         return self.PANIC if self._begin.match(line) else None
@@ -3105,7 +3110,7 @@ class RubyRule:
         self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        return _first_found(chunk, pos, (b":in `", b":in '", b"E, [", b"F, ["))
+        return _first_found(chunk, pos, (b":in ", b"] ERROR -- ", b"] FATAL -- "))
 
     def begins(self, line: bytes):
         if self._begin.match(line):
@@ -3144,20 +3149,24 @@ class PhpRule:
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
+        self._uncaught = re.compile(rb".*Fatal error: +Uncaught ")
         self._head = re.compile(rb"(?:.*Fatal error: +Uncaught |.* in [^ ]*:\d+\r?$)")
         self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        found = [self._above(chunk, pos, at) for at in (
-            chunk.find(b"\nStack trace:", pos) + 1,) if at > 0]
-        found.append(_first_found(chunk, pos, (b"Fatal error: ",)))
+        trace = chunk.find(b"\nStack trace:", pos)
+        found = [self._above(chunk, pos, trace + 1)] if trace >= 0 else []
         found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
         return min((at for at in found if at >= 0), default=-1)
 
     def _above(self, chunk: bytes, pos: int, line: int) -> int:
-        """Where the event whose "Stack trace:" line starts at `line` may begin."""
-        head = _head_above(chunk, pos, line, self._head, self._record)
-        return head if head >= 0 else line
+        """Where the event whose "Stack trace:" line starts at `line` may
+        begin: its "Fatal error: Uncaught" line, else its nearest head."""
+        for head in (self._uncaught, self._head):
+            found = _head_above(chunk, pos, line, head, self._record)
+            if found >= 0:
+                return found
+        return line
 
     def begins(self, line: bytes):
         return self.HEAD if self._head.match(line) else None
@@ -3208,12 +3217,9 @@ class NodeRule:
     def scan(self, chunk: bytes, pos: int) -> int:
         frame = chunk.find(b"\n    at ", pos)
         found = [self._above(chunk, pos, frame + 1)] if frame >= 0 else []
-        caret = chunk.find(b"^\n", pos)
-        if caret >= 0:  # 'FILE:LINE' is two lines above the caret line
-            above = _line_start(chunk, caret, pos)
-            for _ in range(2):
-                above = _line_start(chunk, above - 1, pos) if above > pos else above
-            found.append(above)
+        version = chunk.find(b"\nNode.js v", pos)
+        if version >= 0:
+            found.append(self._where_above(chunk, pos, version + 1))
         found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
         last = _line_start(chunk, len(chunk) - 1, pos)  # 'FILE:LINE' may be followed later
         if self._where.match(chunk, last, len(chunk) - 1):
@@ -3221,8 +3227,28 @@ class NodeRule:
         return min((at for at in found if at >= 0), default=-1)
 
     def _above(self, chunk: bytes, pos: int, line: int) -> int:
+        """Where the event with the frame line that starts at `line` may
+        begin: an uncaught error's 'FILE:LINE' above its error line, else the
+        error line, else the frame line."""
         head = _head_above(chunk, pos, line, self._head, self._record)
-        return head if head >= 0 else line
+        if head < 0:
+            return line
+        where = self._where_above(chunk, pos, head, 5)
+        return where if where >= 0 else head
+
+    def _where_above(self, chunk: bytes, pos: int, at: int, most: int = MAX_STACK) -> int:
+        """The start of the nearest 'FILE:LINE' line within `most` lines above
+        the line that starts at `at` (none of them a record line), or -1."""
+        for _ in range(most):
+            if at <= pos:
+                return -1
+            start = _line_start(chunk, at - 1, pos)
+            if self._where.match(chunk, start, at - 1):
+                return start
+            if self._record.match(chunk, start, at - 1):
+                return -1
+            at = start
+        return -1
 
     def begins(self, line: bytes):
         if self._head.match(line):
