@@ -3020,6 +3020,9 @@ class JavaRule:
             if at >= 0:
                 found.append(_line_start(chunk, at, pos))
         found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
+        last = _line_start(chunk, len(chunk) - 1, pos)  # a JUL header its level line follows
+        if self._jul.match(chunk, last, len(chunk) - 1):
+            found.append(last)
         return min((at for at in found if at >= 0), default=-1)
 
     def _above(self, chunk: bytes, pos: int, at: int) -> int:
@@ -3154,19 +3157,22 @@ class PhpRule:
         self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
+        found = [self._above(chunk, pos, len(chunk))]  # the next chunk may continue
         trace = chunk.find(b"\nStack trace:", pos)
-        found = [self._above(chunk, pos, trace + 1)] if trace >= 0 else []
-        found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
+        if trace >= 0:
+            head = self._above(chunk, pos, trace + 1)
+            found.append(head if head >= 0 else trace + 1)
         return min((at for at in found if at >= 0), default=-1)
 
     def _above(self, chunk: bytes, pos: int, line: int) -> int:
-        """Where the event whose "Stack trace:" line starts at `line` may
-        begin: its "Fatal error: Uncaught" line, else its nearest head."""
+        """Where an event may begin whose "Stack trace:" line starts at `line`
+        (or comes later): its "Fatal error: Uncaught" line, else its nearest
+        head, else -1."""
         for head in (self._uncaught, self._head):
             found = _head_above(chunk, pos, line, head, self._record)
             if found >= 0:
                 return found
-        return line
+        return -1
 
     def begins(self, line: bytes):
         return self.HEAD if self._head.match(line) else None
@@ -3221,9 +3227,8 @@ class NodeRule:
         if version >= 0:
             found.append(self._where_above(chunk, pos, version + 1))
         found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
-        last = _line_start(chunk, len(chunk) - 1, pos)  # 'FILE:LINE' may be followed later
-        if self._where.match(chunk, last, len(chunk) - 1):
-            found.append(last)
+        # an uncaught error's first lines that the next chunk may continue
+        found.append(self._where_above(chunk, pos, len(chunk), MESSAGE_LINES + 5))
         return min((at for at in found if at >= 0), default=-1)
 
     def _above(self, chunk: bytes, pos: int, line: int) -> int:

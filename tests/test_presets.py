@@ -18,6 +18,7 @@ import pytest
 import rsyslog
 from test_structured import BOOT_ID, JOURNAL_REMOTE, export_entry, journalctl
 
+import zmqpush
 from conftest import ZMQPUSH, Receiver, free_port, run, start, stop_process
 
 MARK = "2026-11-27 10:00:00.000 mark"
@@ -455,3 +456,28 @@ def test_every_trace_is_one_event_when_written_line_by_line(corpus):
     finally:
         stop_process(proc)
         receiver.stop()
+
+
+def test_every_trace_is_one_event_wherever_a_read_ends(corpus):
+    """The Joiner itself (in this process) fed the corpus in two reads, split
+    at every line in turn: a trace's first lines at the end of one read, the
+    rest in the next, are still one event."""
+    data, expected = stream_of(every_runtime(corpus))
+    ends = [at + 1 for at, byte in enumerate(data) if byte == 0x0A]
+    rule = zmqpush.joining_rule(zmqpush.Multiline(tuple(ALL.split(",")), None, False, True,
+                                                  500, 1 << 20, 0.2))
+    for end in ends[:-1]:
+        joiner = zmqpush.Joiner(rule, 500, 1 << 20, zmqpush.Counters())
+        items = joiner.feed(data[:end]) + joiner.feed(data[end:]) + joiner.flush()
+        assert messages_of(items) == expected, data[:end][-300:]
+
+
+def messages_of(items: list) -> list:
+    """The messages a Joiner's items make: a run's lines one by one, then events."""
+    out = []
+    for item in items:
+        if item.joins:
+            out += [text.decode() for text in item.texts]
+        else:
+            out += item.lines.decode().split("\n")[:-1]
+    return out
