@@ -273,8 +273,10 @@ def test_lines_made_to_be_slow_for_the_presets_stay_cheap(receiver):
     """Long lines that hold, again and again, what a preset's regular
     expressions look for: a rule that backtracks would take minutes a line."""
     lines = [b"x" + b":1:in `" * 100000, b'  File "' + b'", line 1x' * 40000,
-             b"Exception in thread \"" + b'" x' * 130000, b"a(" + b")x" * 200000] * 2
-    proc = run(["-q", "-c", receiver.endpoint, "--multiline", "python,java,go,ruby",
+             b"Exception in thread \"" + b'" x' * 130000, b"a(" + b")x" * 200000,
+             b"x in a:1x" * 80000, b"/" + b"a:1x" * 150000, b"Error" * 140000,
+             b"E, [" + b"] ERROR -- " * 60000, b"http: panic" * 60000] * 2
+    proc = run(["-q", "-c", receiver.endpoint, "--multiline", "python,java,go,ruby,php,node",
                 "--max-line-bytes", str(1 << 20)], b"\n".join(lines) + b"\n", timeout=60)
     assert proc.returncode == 0, proc.stderr
     receiver.settle()
