@@ -482,7 +482,8 @@ def test_the_quiet_timeout_ships_the_event_then_the_loop_sleeps(receiver):
 @pytest.mark.alone
 def test_idle_with_no_event_pending_the_main_thread_never_wakes(receiver):
     """Ordinary lines leave at once and hold nothing: no timer runs."""
-    proc = start(["-q", "-c", receiver.endpoint, "--multiline", "python,java,go,ruby"])
+    proc = start(["-q", "-c", receiver.endpoint, "--multiline",
+                  "python,java,go,ruby,php,node"])
     try:
         proc.stdin.write(b"one line, then silence\n")
         proc.stdin.flush()
