@@ -235,11 +235,27 @@ def regions(output: bytes, specs: list) -> list:
     return list(zip(parts, specs))
 
 
+# Debian's python3-yaml and python3-pydantic (1.10), run by Debian's python3.
+DEBIAN_PYTHON = "/usr/bin/python3"
+LIBRARY_PROGRAMS = {
+    "yaml": ("import yaml\nyaml.safe_load('a: 1\\n  b: 2\\n')\n", [[0]]),
+    "pydantic": ("import pydantic\nclass User(pydantic.BaseModel):\n    name: str\n"
+                 "    age: int\nUser(age='x')\n", [[0]]),
+}
+
+
 def python_corpus(tmp: Path) -> list:
+    """The programs above, and PyYAML's and pydantic's errors where Debian's
+    python3 has them."""
     out = []
     for name, (program, specs) in PYTHON.items():
         (tmp / name).write_text(program.format(mark=MARK) if "{mark" in program else program)
         out += regions(stderr_of([sys.executable, name], tmp), specs)
+    for module, (program, specs) in LIBRARY_PROGRAMS.items():
+        found = subprocess.run([DEBIAN_PYTHON, "-c", f"import {module}"], capture_output=True)
+        if found.returncode == 0:
+            (tmp / f"{module}_error.py").write_text(program)
+            out += regions(stderr_of([DEBIAN_PYTHON, f"{module}_error.py"], tmp), specs)
     return out
 
 
