@@ -5,6 +5,8 @@ arrives as one event, each ordinary line and each logging record before a
 trace as its own, bytes in order.  Between shapes a program prints a mark, a
 timestamped line that is an event of its own.  Real processes and sockets on
 127.0.0.1."""
+import fcntl
+import json
 import os
 import re
 import shutil
@@ -319,12 +321,28 @@ CORPUS = {"python": python_corpus, "java": java_corpus, "go": go_corpus,
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict:
-    """Each runtime's (region, spec) pairs, made once a module; a runtime
-    that is not installed maps to the reason."""
+    """Each runtime's (region, spec) pairs, made once a run (the xdist workers
+    share it through a file); a runtime that is not installed maps to the
+    reason."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    cache = shared / "presets-corpus.json"
+    with open(shared / "presets-corpus.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not cache.exists():
+            cache.write_text(json.dumps(make_corpus(tmp_path_factory)))
+    return {runtime: made if isinstance(made, str) else
+            [(region.encode("latin-1"), spec) for region, spec in made]
+            for runtime, made in json.loads(cache.read_text()).items()}
+
+
+def make_corpus(tmp_path_factory) -> dict:
+    """corpus() as JSON: each region's bytes as a latin-1 string."""
     made = {}
     for runtime, make in CORPUS.items():
         try:
-            made[runtime] = make(tmp_path_factory.mktemp(runtime))
+            made[runtime] = [(region.decode("latin-1"), spec)
+                             for region, spec in make(tmp_path_factory.mktemp(runtime))]
         except pytest.skip.Exception as skipped:
             made[runtime] = str(skipped)
     return made
