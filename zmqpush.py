@@ -2989,9 +2989,9 @@ class JavaRule:
     tab or spaces and "at ", "... N more", "Suppressed: " or "Caused by: ",
     or with "Caused by: "; those continue it, and so do the lines of the
     message between (not blank, not record lines).  Such lines after any
-    other line begin an event of their own.  java.util.logging's record, a
-    line "Nov 27, 2026 2:54:59 AM CLASS METHOD" and the "LEVEL: message" line
-    after it, is one event."""
+    other line begin an event of their own.  java.util.logging's record at
+    SEVERE or WARNING, a line "Nov 27, 2026 2:54:59 AM CLASS METHOD" and the
+    "LEVEL: message" line after it, is one event."""
 
     HEAD, TRACE, JUL, MESSAGE = range(4)  # MESSAGE + n: n + 1 lines of the message
     # scan() passes over a head that no frame follows in the chunk: right for
@@ -3005,7 +3005,7 @@ class JavaRule:
         self._frame = re.compile(rb"[ \t]+(?:at |\.\.\. \d+ (?:more|common frames omitted)"
                                  rb"|Suppressed: |Caused by: )|Caused by: ")
         self._jul = re.compile(rb"[A-Z][a-z]{2} \d\d?, \d{4} \d\d?:\d\d:\d\d [AP]M \S")
-        self._jul_level = re.compile(rb"(?:SEVERE|WARNING|INFO|CONFIG|FINE|FINER|FINEST): ")
+        self._jul_level = re.compile(rb"(?:SEVERE|WARNING): ")  # as scan() finds them
         self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
