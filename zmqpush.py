@@ -133,7 +133,7 @@ SPOOL_REPLAY_BYTES = 64 << 20
 # Multi-line events (README "Multi-line events"): the presets, the defaults, and
 # how much of a line a --multiline-pattern is matched against (a bound on what
 # a slow pattern can cost per line).
-MULTILINE_PRESETS = ("python", "java", "go", "ruby")
+MULTILINE_PRESETS = ("python", "java", "go", "ruby", "php", "node")
 DEFAULT_MULTILINE_MAX_LINES = 500
 DEFAULT_MULTILINE_TIMEOUT = 3.0
 MULTILINE_MATCH_BYTES = 256
@@ -2949,15 +2949,56 @@ def _first_found(chunk: bytes, pos: int, needles: tuple) -> int:
     return _line_start(chunk, min(found), pos) if found else -1
 
 
+MESSAGE_LINES = 20  # at most this many lines of a message between its head and frames
+MAX_STACK = 200  # node: at most this many lines between 'FILE:LINE' and "Node.js vN"
+
+
+@functools.lru_cache(maxsize=1)
+def record_header() -> re.Pattern:
+    """A line that begins with a timestamp or a logging framework's record
+    header (a digit, "[" and a digit, a syslog PRI, a month's name, Ruby
+    Logger's "E, [", an upper-case level word, "PHP Warning", a JSON object):
+    it ends the lines that follow an exception line (README
+    "Multi-line events").  Compiled once, when a preset first needs it."""
+    return re.compile(
+        rb'[0-9]|\[[0-9]|<[0-9]{1,3}>|[DIWEFAU], \[|\{"'
+        rb"|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ 0-9][0-9]"
+        rb"|(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|CRITICAL|FATAL|SEVERE|PHP [A-Z])\b")
+
+
+def _head_above(chunk: bytes, pos: int, at: int, head: re.Pattern, record: re.Pattern) -> int:
+    """The start of the nearest line above the one that starts at `at` (and not
+    before pos) that head matches, when at most MESSAGE_LINES lines lie
+    between them and none of them is blank or a record line; else -1."""
+    for _ in range(MESSAGE_LINES + 1):
+        if at <= pos:
+            return -1
+        start = _line_start(chunk, at - 1, pos)
+        if head.match(chunk, start, at - 1):
+            return start
+        if start == at - 1 or record.match(chunk, start, at - 1):
+            return -1
+        at = start
+    return -1
+
+
+def _message_line(line: bytes, record: re.Pattern) -> bool:
+    """Whether line can be a later line of an exception's message: neither
+    blank nor a record line."""
+    return not _blank(line) and record.match(line) is None
+
+
 class PythonRule:
     """CPython's report of an exception (traceback.print_exception): a line
     "Traceback (most recent call last):" (or "  + Exception Group Traceback
     ...", or a SyntaxError's '  File "...", line N') begins an event; indented
     lines continue it, and the first line that is not indented (the exception
-    line) too; then a blank line followed by "During handling of the above
-    exception, another exception occurred:" or "The above exception was the
-    direct cause of the following exception:" continues it with the next
-    traceback."""
+    line) too, and after it every line up to a blank line or a record line
+    (the message's later lines, notes); a blank line followed by "During
+    handling of the above exception, another exception occurred:" or "The
+    above exception was the direct cause of the following exception:" (or
+    that line right after the exception's, as journald keeps it) continues it
+    with the next traceback."""
 
     FRAMES, GROUP, EXCEPTION, CHAINING, CHAINED = range(5)
     _chain = (b"During handling of the above exception, another exception occurred:",
@@ -2968,6 +3009,7 @@ class PythonRule:
         self._begin = re.compile(
             rb"(Traceback \(most recent call last\):|  File \".*\", line \d+"
             rb"|[ \t]*\+ Exception Group Traceback \(most recent call last\):)\r?$")
+        self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
         return _first_found(chunk, pos, (b"Traceback (most recent call last):", b'  File "'))
@@ -2988,26 +3030,40 @@ class PythonRule:
             return (CONTINUE, self.CHAINED) if line.rstrip(b"\r") in self._chain else None
         if _blank(line):
             return None if state == self.FRAMES else (TENTATIVE, self.CHAINING)
-        return self._after_line(state, line)
+        if state == self.EXCEPTION:
+            return self._after_exception(line)
+        return self._in_frames(state, line)
 
-    def _after_line(self, state: int, line: bytes):
-        """follows() for a line that is not blank, in FRAMES, GROUP or EXCEPTION."""
+    def _in_frames(self, state: int, line: bytes):
+        """follows() for a line that is not blank, in FRAMES or GROUP."""
         if line[0] in _INDENT:
-            return None if state == self.EXCEPTION else (CONTINUE, state)
+            return CONTINUE, state
         if state == self.FRAMES and not self._begin.match(line):
             return CONTINUE, self.EXCEPTION
         return None
 
+    def _after_exception(self, line: bytes):
+        """follows() for a line that is not blank after the exception line."""
+        if line.rstrip(b"\r") in self._chain:
+            return CONTINUE, self.CHAINED
+        if self._record.match(line) or self._begin.match(line):
+            return None
+        return CONTINUE, self.EXCEPTION
+
 
 class JavaRule:
-    """The JVM's report of a Throwable (printStackTrace, an uncaught exception):
-    a line naming it, 'Exception in thread "NAME" ' and a class name, or a
-    dotted class name alone, either followed by ": message" or nothing, begins
-    an event if lines follow that start with a tab and "at ", "... N more",
-    "Suppressed: " or "Caused by: ", or with "Caused by: "; those continue it.
-    Such lines after any other line begin an event of their own."""
+    """The JVM's report of a Throwable (printStackTrace, an uncaught exception,
+    a logging framework's): a line naming it, 'Exception in thread "NAME" '
+    and a class name, or a dotted class name alone, either followed by ":
+    message" or nothing, begins an event if lines follow that start with a
+    tab or spaces and "at ", "... N more", "Suppressed: " or "Caused by: ",
+    or with "Caused by: "; those continue it, and so do the lines of the
+    message between (not blank, not record lines).  Such lines after any
+    other line begin an event of their own.  java.util.logging's record at
+    SEVERE or WARNING, a line "Nov 27, 2026 2:54:59 AM CLASS METHOD" and the
+    "LEVEL: message" line after it, is one event."""
 
-    HEAD, TRACE = range(2)
+    HEAD, TRACE, JUL, MESSAGE = range(4)  # MESSAGE + n: n + 1 lines of the message
     # scan() passes over a head that no frame follows in the chunk: right for
     # one stream of lines, not for lines of several sources (see ObjectView).
     scans_one_stream = True
@@ -3016,49 +3072,77 @@ class JavaRule:
         """Compiles its expressions here: the plain mode never needs them."""
         self._head = re.compile(rb'(?:Exception in thread "[^"]*" [\w$.]+|[A-Za-z_$][\w$]*'
                                 rb'(?:\.[A-Za-z_$][\w$]*)+)(?:: .*)?\r?$')
-        self._frame = re.compile(rb"\t+(?:at |\.\.\. \d+ (?:more|common frames omitted)"
+        self._frame = re.compile(rb"[ \t]+(?:at |\.\.\. \d+ (?:more|common frames omitted)"
                                  rb"|Suppressed: |Caused by: )|Caused by: ")
+        self._jul = re.compile(rb"[A-Z][a-z]{2} \d\d?, \d{4} \d\d?:\d\d:\d\d [AP]M \S")
+        self._jul_level = re.compile(rb"(?:SEVERE|WARNING): ")  # as scan() finds them
+        self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        found = -1
         if chunk[pos:pos + 1] == b"\t":
             return pos
-        at = min((a for a in (chunk.find(b"\n\t", pos), chunk.find(b"Caused by: ", pos))
-                  if a >= 0), default=-1)
-        if at >= 0:  # the line before a continuation may be its head
-            found = _line_start(chunk, _line_start(chunk, at + 1, pos) - 1, pos)
-        last = _line_start(chunk, len(chunk) - 1, pos)  # a head may be followed later
-        if (found < 0 or last < found) and self._head.match(chunk, last, len(chunk) - 1):
-            found = last
-        return found
+        tab = chunk.find(b"\n\t", pos)
+        found = [self._above(chunk, pos, at) for at in (
+            tab + 1 if tab >= 0 else -1, chunk.find(b"Caused by: ", pos),
+            chunk.find(b"    at ", pos)) if at >= 0]
+        for level in (b"\nSEVERE: ", b"\nWARNING: "):  # a JUL record's second line
+            at = chunk.find(level, pos)
+            if at >= 0:
+                found.append(_line_start(chunk, at, pos))
+        found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
+        last = _line_start(chunk, len(chunk) - 1, pos)  # a JUL header its level line follows
+        if self._jul.match(chunk, last, len(chunk) - 1):
+            found.append(last)
+        return min((at for at in found if at >= 0), default=-1)
+
+    def _above(self, chunk: bytes, pos: int, at: int) -> int:
+        """Where an event with the continuation line that holds `at` may begin:
+        its head's line, else the line before it."""
+        line = _line_start(chunk, at, pos)
+        head = _head_above(chunk, pos, line, self._head, self._record)
+        return head if head >= 0 else _line_start(chunk, line - 1, pos) if line > pos else line
 
     def begins(self, line: bytes):
         if self._frame.match(line):
             return self.TRACE
-        return self.HEAD if self._head.match(line) else None
+        if self._head.match(line):
+            return self.HEAD
+        return self.JUL if self._jul.match(line) else None
 
     def follows(self, state: int, line: bytes):
-        return (CONTINUE, self.TRACE) if self._frame.match(line) else None
+        if state == self.JUL:
+            return (LAST, state) if self._jul_level.match(line) else None
+        if self._frame.match(line):
+            return CONTINUE, self.TRACE
+        if state == self.TRACE or state >= self.MESSAGE + MESSAGE_LINES - 1 \
+                or not _message_line(line, self._record) or self._head.match(line):
+            return None
+        return TENTATIVE, self.MESSAGE if state == self.HEAD else state + 1
 
 
 class GoRule:
     """The Go runtime's report of a panic or fatal error: a line starting with
-    "panic: " or "fatal error: " begins an event; lines starting with a tab,
-    "[signal ", "goroutine N [...]:" and "runtime stack:" continue it, and in a
-    goroutine's stack its function lines ("main.main()", "created by ...");
-    blank lines continue it when such a line follows them."""
+    "panic: ", "fatal error: " or "runtime: goroutine stack exceeds " (a stack
+    overflow's), or the line net/http logs for a panic it recovered ("...
+    http: panic serving ..."), begins an event; lines starting with a tab, "[signal ",
+    "runtime: ", "fatal error: ", "goroutine N [...]:" and "runtime stack:"
+    continue it, and in a goroutine's stack its function lines ("main.main()",
+    "created by ..."); blank lines continue it when such a line follows them."""
 
     PANIC, STACK = range(2)
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
-        self._begin = re.compile(rb"panic: |fatal error: ")
+        self._overflow = b"runtime: goroutine stack exceeds "
+        self._begin = re.compile(rb"panic: |fatal error: |" + self._overflow
+                                 + rb"|[^\n]*?http: panic serving ")
+        self._more = re.compile(rb"\t|\[signal |runtime: |fatal error: ")
         self._block = re.compile(rb"goroutine \d+ .*\]:\r?$|runtime stack:\r?$")
         self._function = re.compile(
             rb"[^\s(]+\(.*\)\r?$|created by |\.\.\.additional frames elided")
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        return _first_found(chunk, pos, (b"panic: ", b"fatal error: "))
+        return _first_found(chunk, pos, (b"panic", b"fatal error: ", self._overflow))
 
     def begins(self, line: bytes):
         return self.PANIC if self._begin.match(line) else None
@@ -3066,7 +3150,7 @@ class GoRule:
     def follows(self, state: int, line: bytes):
         if _blank(line):
             return TENTATIVE, state
-        if line[0] == 0x09 or line.startswith(b"[signal "):
+        if self._more.match(line):
             return CONTINUE, state
         if self._block.match(line):
             return CONTINUE, self.STACK
@@ -3077,29 +3161,206 @@ class GoRule:
 
 class RubyRule:
     """Ruby's report of an uncaught exception: 'FILE:LINE:in `METHOD': message
-    (Class)' begins an event; lines starting with a tab and "from FILE:LINE:"
-    or "... N levels..." continue it, and so does a cause's own first line."""
+    (Class)' begins an event; the lines after it up to its first frame that
+    are not record lines continue it (a message's later lines, error_highlight's
+    source line and carets, "Did you mean?"; a blank line among them when one
+    such line follows); lines starting with a tab and "from FILE:LINE:" or
+    "... N levels..." continue it, and so does a cause's own first line.
+    Logger's record of an exception at ERROR or FATAL ('E, [TIME #PID] ERROR
+    -- PROG: message (Class)') begins an event that its backtrace's lines
+    ('FILE:LINE:in `METHOD'') continue, and the message's later lines before
+    them."""
 
-    TRACE = 0
+    MESSAGE, FRAMES, LOGGED, BACKTRACE = range(4)
+    scans_one_stream = True  # a Logger record may begin what the next chunk continues
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
         self._begin = re.compile(rb"[^\s:][^:]*:\d+:in [`'].*\)\r?$")  # one place: linear
-        self._from = re.compile(rb"\t+(?:from \S.*?:\d+:in |\.\.\. \d+ levels\.\.\.)")
+        self._from = re.compile(rb"\t+(?:from \S.*?:\d+:in | ?\.\.\. \d+ levels\.\.\.)")
+        self._logged = re.compile(rb"[EF], \[[^\]]*\] +[A-Z]+ -- [^:]*: ")
+        self._backtrace = re.compile(rb"[^\s:][^:]*:\d+:in [`']")
+        self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        return _first_found(chunk, pos, (b":in `", b":in '"))
+        return _first_found(chunk, pos, (b":in ", b"] ERROR -- ", b"] FATAL -- "))
 
     def begins(self, line: bytes):
-        return self.TRACE if self._begin.match(line) else None
+        if self._begin.match(line):
+            return self.MESSAGE
+        return self.LOGGED if self._logged.match(line) else None
 
     def follows(self, state: int, line: bytes):
+        if state >= self.LOGGED:
+            return self._after_record(state, line)
         if self._from.match(line) or self._begin.match(line):
-            return CONTINUE, state
+            return CONTINUE, self.FRAMES if line[0] == 0x09 else self.MESSAGE
+        if state == self.FRAMES or self._record.match(line):
+            return None
+        return (TENTATIVE if _blank(line) else CONTINUE), state
+
+    def _after_record(self, state: int, line: bytes):
+        """follows() after a Logger record."""
+        if self._backtrace.match(line):
+            return CONTINUE, self.BACKTRACE
+        if state == self.LOGGED and _message_line(line, self._record):
+            return TENTATIVE, state
         return None
 
 
-PRESET_RULES = {"python": PythonRule, "java": JavaRule, "go": GoRule, "ruby": RubyRule}
+class PhpRule:
+    """PHP's report of an exception (uncaught: "PHP Fatal error:  Uncaught
+    ..."; or a Throwable's string, "Class: message in FILE:LINE"): a line
+    ending " in FILE:LINE" or holding "Fatal error: Uncaught " begins an
+    event if "Stack trace:" follows (after the message's later lines); the
+    frames "#N ...", a blank line and "Next Class: ..." (a chained
+    exception; journald keeps no blank line), and "  thrown in FILE on line N"
+    (its last line) continue it."""
+
+    HEAD, TRACE, NEXT, MESSAGE = range(4)  # MESSAGE + n: n + 1 lines of the message
+    scans_one_stream = True
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._uncaught = re.compile(rb".*Fatal error: +Uncaught ")
+        self._head = re.compile(rb"(?:.*Fatal error: +Uncaught |.* in [^ ]*:\d+\r?$)")
+        self._record = record_header()
+
+    def scan(self, chunk: bytes, pos: int) -> int:
+        found = [self._above(chunk, pos, len(chunk))]  # the next chunk may continue
+        trace = chunk.find(b"\nStack trace:", pos)
+        if trace >= 0:
+            head = self._above(chunk, pos, trace + 1)
+            found.append(head if head >= 0 else trace + 1)
+        return min((at for at in found if at >= 0), default=-1)
+
+    def _above(self, chunk: bytes, pos: int, line: int) -> int:
+        """Where an event may begin whose "Stack trace:" line starts at `line`
+        (or comes later): its "Fatal error: Uncaught" line, else its nearest
+        head, else -1."""
+        for head in (self._uncaught, self._head):
+            found = _head_above(chunk, pos, line, head, self._record)
+            if found >= 0:
+                return found
+        return -1
+
+    def begins(self, line: bytes):
+        return self.HEAD if self._head.match(line) else None
+
+    def follows(self, state: int, line: bytes):
+        if state == self.NEXT:
+            return (CONTINUE, self.HEAD) if line.startswith(b"Next ") else None
+        if line.startswith(b"Stack trace:"):
+            return CONTINUE, self.TRACE
+        if state == self.TRACE:
+            return self._in_trace(line)
+        if state >= self.MESSAGE + MESSAGE_LINES - 1 or not _message_line(line, self._record):
+            return None
+        return TENTATIVE, self.MESSAGE if state == self.HEAD else state + 1
+
+    @staticmethod
+    def _in_trace(line: bytes):
+        if line.startswith(b"#"):
+            return CONTINUE, PhpRule.TRACE
+        if line.startswith(b"  thrown in "):
+            return LAST, PhpRule.TRACE
+        if line.startswith(b"Next "):  # without the blank line before it (journald)
+            return CONTINUE, PhpRule.HEAD
+        return (TENTATIVE, PhpRule.NEXT) if _blank(line) else None
+
+
+class NodeRule:
+    """Node.js's report of an error: uncaught (or a rejection), 'FILE:LINE'
+    then the source line, a caret line, a blank line, what was thrown and
+    its stack, a blank line and "Node.js vN"; or the error alone
+    (console.error(err)): a line "Error: message" (any NameError,
+    NameException, with " [CODE]") begins an event if lines starting with
+    spaces and "at " follow (after the message's later lines).  The stack's
+    indented lines, "}" and "]" lines (a cause, the error's own properties)
+    continue it."""
+
+    HEAD, STACK, SOURCE, CARET, THROW, THROWN, AFTER, MESSAGE = range(8)
+    # MESSAGE + n: n + 1 lines of the message
+    scans_one_stream = True
+
+    def __init__(self):
+        """Compiles its expressions here: the plain mode never needs them."""
+        self._where = re.compile(rb"(?:/|file:|node:|[A-Za-z]:\\)\S*:\d+\r?$")
+        self._head = re.compile(rb"(?:[A-Z][\w$]*)?(?:Error|Exception)(?: \[\w+\])?(?:: .*)?\r?$")
+        self._frame = re.compile(rb" +(?:at |\.\.\. \d+ lines? matching )")
+        self._record = record_header()
+
+    def scan(self, chunk: bytes, pos: int) -> int:
+        frame = chunk.find(b"\n    at ", pos)
+        found = [self._above(chunk, pos, frame + 1)] if frame >= 0 else []
+        version = chunk.find(b"\nNode.js v", pos)
+        if version >= 0:
+            found.append(self._where_above(chunk, pos, version + 1))
+        found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
+        # an uncaught error's first lines that the next chunk may continue
+        found.append(self._where_above(chunk, pos, len(chunk), MESSAGE_LINES + 5))
+        return min((at for at in found if at >= 0), default=-1)
+
+    def _above(self, chunk: bytes, pos: int, line: int) -> int:
+        """Where the event with the frame line that starts at `line` may
+        begin: an uncaught error's 'FILE:LINE' above its error line, else the
+        error line, else the frame line."""
+        head = _head_above(chunk, pos, line, self._head, self._record)
+        if head < 0:
+            return line
+        where = self._where_above(chunk, pos, head, 5)
+        return where if where >= 0 else head
+
+    def _where_above(self, chunk: bytes, pos: int, at: int, most: int = MAX_STACK) -> int:
+        """The start of the nearest 'FILE:LINE' line within `most` lines above
+        the line that starts at `at` (none of them a record line), or -1."""
+        for _ in range(most):
+            if at <= pos:
+                return -1
+            start = _line_start(chunk, at - 1, pos)
+            if self._where.match(chunk, start, at - 1):
+                return start
+            if self._record.match(chunk, start, at - 1):
+                return -1
+            at = start
+        return -1
+
+    def begins(self, line: bytes):
+        if self._head.match(line):
+            return self.HEAD
+        return self.SOURCE if self._where.match(line) else None
+
+    def follows(self, state: int, line: bytes):
+        if state <= self.STACK or state >= self.MESSAGE:
+            return self._in_error(state, line)
+        if state == self.SOURCE:
+            return None if self._record.match(line) else (TENTATIVE, self.CARET)
+        if state == self.CARET:
+            return (CONTINUE, self.THROW) if line and not line.strip(b" ^\r") else None
+        if state == self.AFTER:
+            return (LAST, state) if line.startswith(b"Node.js v") else None
+        return self._thrown(state, line)
+
+    def _thrown(self, state: int, line: bytes):
+        """follows() after an uncaught error's caret line."""
+        if _blank(line):
+            return TENTATIVE, (state if state == self.THROW else self.AFTER)
+        if self._frame.match(line) or (state == self.THROWN and line[:1] == b" "):
+            return CONTINUE, self.THROWN
+        return None if self._record.match(line) else (CONTINUE, self.THROWN)
+
+    def _in_error(self, state: int, line: bytes):
+        """follows() after an "Error: ..." line."""
+        if self._frame.match(line) or (state == self.STACK and line[:1] in (b" ", b"}", b"]")):
+            return CONTINUE, self.STACK
+        if state == self.STACK or state >= self.MESSAGE + MESSAGE_LINES - 1 \
+                or not _message_line(line, self._record):
+            return None
+        return TENTATIVE, self.MESSAGE if state == self.HEAD else state + 1
+
+
+PRESET_RULES = {"python": PythonRule, "java": JavaRule, "go": GoRule, "ruby": RubyRule,
+                "php": PhpRule, "node": NodeRule}
 
 
 class Presets:
@@ -3107,7 +3368,7 @@ class Presets:
     owns the event it begins; the state is (rule, its state)."""
 
     def __init__(self, names: tuple):
-        self._rules = [PRESET_RULES[name]() for name in names]
+        self._rules = [rule() for name, rule in PRESET_RULES.items() if name in names]
         self.scans_one_stream = any(getattr(rule, "scans_one_stream", False)
                                     for rule in self._rules)
 

@@ -64,6 +64,8 @@ def rows(args, cship: str, certs: str) -> dict:
             "zmqpush --multiline python": [*zmqpush, "--multiline", "python", "-c", "ENDPOINT"],
             "zmqpush --multiline python,java,go,ruby": [
                 *zmqpush, "--multiline", "python,java,go,ruby", "-c", "ENDPOINT"],
+            "zmqpush --multiline python,java,go,ruby,php,node": [
+                *zmqpush, "--multiline", "python,java,go,ruby,php,node", "-c", "ENDPOINT"],
             "zmqpush --batch": [*zmqpush, "--batch", "-c", "ENDPOINT"],
             "zmqpush --batch --multiline python": [*zmqpush, "--batch", "--multiline",
                                                    "python", "-c", "ENDPOINT"],

@@ -13,7 +13,7 @@ RSYSLOGD = shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
 
 CONFIG = """\
 global(workDirectory="{work}" processInternalMessages="on" maxMessageSize="64k"
-       parser.escapeControlCharactersOnReceive="off")
+       {escaping})
 module(load="imuxsock" SysSock.Use="off")
 module(load="imtcp")
 {modules}
@@ -21,6 +21,9 @@ template(name="msgonly" type="string" string="%msg%\\n")
 {rules}
 input(type="imtcp" address="127.0.0.1" port="{port}" ruleset="ship")
 """
+# rsyslog's default turns a control character (a tab) into "#011"; escaping=""
+# leaves the default (README "Structured logs" sets it off in its own global()).
+ESCAPING_OFF = 'parser.escapeControlCharactersOnReceive="off"'
 
 
 def available() -> bool:
@@ -49,13 +52,14 @@ class PrivateRsyslog:
 
     Give action (RainerScript, wrapped in that ruleset) or rules (config text
     that defines the ruleset itself, e.g. in legacy syntax); env is rsyslogd's
-    environment, which omprog passes on to its program."""
+    environment, which omprog passes on to its program; escaping: global()'s
+    control character option (ESCAPING_OFF, or "" for rsyslog's default)."""
 
     def __init__(self, workdir: Path, action: str = "", modules: str = 'module(load="omprog")',
-                 rules: str = "", env=None):
+                 rules: str = "", env=None, *, escaping: str = ESCAPING_OFF):
         self._prepare(workdir, free_port(), env)
         rules = rules or f'ruleset(name="ship") {{\n{action}\n}}'
-        self.conf.write_text(CONFIG.format(work=self.workdir, port=self.port,
+        self.conf.write_text(CONFIG.format(work=self.workdir, port=self.port, escaping=escaping,
                                            modules=modules, rules=rules))
 
     def _prepare(self, workdir, port: int, env):

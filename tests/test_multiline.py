@@ -141,7 +141,7 @@ def interleaved(traces: list) -> tuple:
     the lines between them one event."""
     data, expected = b"", []
     for n, trace in enumerate(traces):
-        data += b"ordinary %d before\n" % n + trace + b"ordinary %d after\n" % n
+        data += b"ordinary %d before\n" % n + trace + b"%d ordinary after\n" % n
         expected.append(f"ordinary {n} before")
         group: list = []
         for line in trace.rstrip(b"\n").split(b"\n"):
@@ -154,7 +154,7 @@ def interleaved(traces: list) -> tuple:
                 group.append(line)
         if group:
             expected.append(b"\n".join(group).decode())
-        expected.append(f"ordinary {n} after")
+        expected.append(f"{n} ordinary after")
     return data, expected
 
 
@@ -224,12 +224,12 @@ def proc_pid(proc: subprocess.CompletedProcess) -> int:
 def test_an_endless_trace_is_cut_at_max_lines_and_nothing_is_lost(receiver):
     lines = [b"Traceback (most recent call last):"] + [
         b'  File "x.py", line %d, in f' % n for n in range(1200)] + [b"RecursionError: deep"]
-    proc = ship(receiver, b"\n".join(lines) + b"\nnext\n", "--multiline", "python",
+    proc = ship(receiver, b"\n".join(lines) + b"\n1 next\n", "--multiline", "python",
                 "--multiline-max-lines", "500")
     events = receiver.events()
     assert [len(e["message"].split("\n")) for e in events] == [500, 500, 202, 1]
     assert [e.get("@continues", False) for e in events] == [True, True, False, False]
-    assert "\n".join(e["message"] for e in events).encode() == b"\n".join(lines) + b"\nnext"
+    assert "\n".join(e["message"] for e in events).encode() == b"\n".join(lines) + b"\n1 next"
     assert "(2 cut at a cap)" in proc.stderr.decode()
 
 
@@ -273,8 +273,10 @@ def test_lines_made_to_be_slow_for_the_presets_stay_cheap(receiver):
     """Long lines that hold, again and again, what a preset's regular
     expressions look for: a rule that backtracks would take minutes a line."""
     lines = [b"x" + b":1:in `" * 100000, b'  File "' + b'", line 1x' * 40000,
-             b"Exception in thread \"" + b'" x' * 130000, b"a(" + b")x" * 200000] * 2
-    proc = run(["-q", "-c", receiver.endpoint, "--multiline", "python,java,go,ruby",
+             b"Exception in thread \"" + b'" x' * 130000, b"a(" + b")x" * 200000,
+             b"x in a:1x" * 80000, b"/" + b"a:1x" * 150000, b"Error" * 140000,
+             b"E, [" + b"] ERROR -- " * 60000, b"http: panic" * 60000] * 2
+    proc = run(["-q", "-c", receiver.endpoint, "--multiline", "python,java,go,ruby,php,node",
                 "--max-line-bytes", str(1 << 20)], b"\n".join(lines) + b"\n", timeout=60)
     assert proc.returncode == 0, proc.stderr
     receiver.settle()
@@ -393,7 +395,7 @@ def test_blank_lines_held_after_a_go_panic_count_against_the_caps(receiver):
 @pytest.mark.parametrize("args, says", [
     (["--multiline-negate"], "--multiline-negate needs --multiline"),
     (["--multiline", "python", "--multiline-pattern", "x"], "cannot be combined"),
-    (["--multiline", "cobol"], "invalid comma-separated list of python, java, go, ruby value"),
+    (["--multiline", "cobol"], "list of python, java, go, ruby, php, node value"),
     (["--multiline-pattern", "("], "invalid Python regular expression"),
     (["--multiline-pattern", r"^(\s*at .+)+$"], "without a repetition or an alternation"),
     (["--multiline-pattern", r"(a|aa)+$"], "without a repetition or an alternation"),
@@ -480,7 +482,8 @@ def test_the_quiet_timeout_ships_the_event_then_the_loop_sleeps(receiver):
 @pytest.mark.alone
 def test_idle_with_no_event_pending_the_main_thread_never_wakes(receiver):
     """Ordinary lines leave at once and hold nothing: no timer runs."""
-    proc = start(["-q", "-c", receiver.endpoint, "--multiline", "python,java,go,ruby"])
+    proc = start(["-q", "-c", receiver.endpoint, "--multiline",
+                  "python,java,go,ruby,php,node"])
     try:
         proc.stdin.write(b"one line, then silence\n")
         proc.stdin.flush()

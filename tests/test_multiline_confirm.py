@@ -77,14 +77,14 @@ def test_one_reply_a_line_at_once_and_the_traces_arrive_joined(tmp_path, spool):
     more = ["--spool", str(tmp_path / "spool")] if spool else []
     driver = Driver(receiver.endpoint, "--multiline", "python,go",
                     "--multiline-timeout", "600", *more)
-    lines = ["before", *TRACE, "between", *GO_PANIC, "after"]
+    lines = ["before", *TRACE, "1 between", *GO_PANIC, "2 after"]
     try:
         assert [driver.say(line) for line in lines] == ["OK"] * len(lines)
         code, out, err = driver.end()
         assert (code, out) == (0, ""), err
         receiver.settle()
-        assert receiver.messages() == ["before", "\n".join(TRACE), "between",
-                                       "\n".join(GO_PANIC), "after"]
+        assert receiver.messages() == ["before", "\n".join(TRACE), "1 between",
+                                       "\n".join(GO_PANIC), "2 after"]
         assert "Joined 13 lines into 2 multi-line events" in err
     finally:
         stop_process(driver.proc)
@@ -107,15 +107,15 @@ def test_per_source_json_lines_one_reply_each_and_traces_joined(tmp_path, spool)
     lines = [line("a", "before")]
     for text in TRACE:
         lines += [line("a", text), line("b", text)]
-    lines += [line("a", "after a"), "not json", line("b", "after b")]
+    lines += [line("a", "1 after a"), "not json", line("b", "1 after b")]
     try:
         assert [driver.say(text) for text in lines] == ["OK"] * len(lines)
         code, out, err = driver.end()
         assert (code, out) == (0, ""), err
         receiver.settle()
         trace = "\n".join(TRACE)
-        assert receiver.messages() == ["before", trace, "after a", "not json", trace,
-                                       "after b"]
+        assert receiver.messages() == ["before", trace, "1 after a", "not json", trace,
+                                       "1 after b"]
         assert [event.get("app") for event in receiver.events()] == [
             "a", "a", "a", None, "b", "b"]
         assert "Joined 8 lines into 2 multi-line events" in err
@@ -202,18 +202,18 @@ def test_receiver_gone_while_a_trace_is_held_then_back(tmp_path):
         assert [driver.say(line) for line in TRACE] == ["OK"] * len(TRACE)
         receiver.stop()
         time.sleep(1)  # zmqpush sees the disconnection
-        assert driver.say("after") == REFUSAL  # the trace leaves and waits
+        assert driver.say("1 after") == REFUSAL  # the trace leaves and waits
         assert driver.say(TRACE[0]) == REFUSAL  # not held while it waits
         receiver = Receiver(port)
         assert receiver.wait_for(1, 10) == 1
         deadline = time.monotonic() + 10
-        while driver.say("after") != "OK":  # as rsyslog sends a refused line again
+        while driver.say("1 after") != "OK":  # as rsyslog sends a refused line again
             assert time.monotonic() < deadline
             time.sleep(0.2)
         code, out, err = driver.end()
         assert (code, out) == (0, ""), err
         receiver.settle()  # "before" again too: the replay window
-        assert [m for m in receiver.messages() if m != "before"] == ["\n".join(TRACE), "after"]
+        assert [m for m in receiver.messages() if m != "before"] == ["\n".join(TRACE), "1 after"]
     finally:
         stop_process(driver.proc)
         receiver.stop()
@@ -278,7 +278,7 @@ def test_rsyslog_receiver_gone_while_a_trace_is_held_then_back(tmp_path, rsyslog
     receiver = Receiver(port)
     rs, log = imfile_rsyslog(tmp_path, "--multiline", "python", "--multiline-timeout", "600",
                              "-c", receiver.endpoint)
-    after = [f"after {n}" for n in range(20)]
+    after = [f"{n} after" for n in range(20)]
     try:
         rs.start()
         with open(log, "a") as f:
@@ -335,10 +335,10 @@ def test_rsyslog_json_spool_sigkill_mid_event_loses_no_line_answered(tmp_path,
         time.sleep(1)  # its "OK" written after the file (a kill before it: sent again)
         first = zmqpush_child(rs)
         os.kill(first, signal.SIGKILL)
-        write(TRACE[3], "after")  # omprog starts zmqpush again for these
+        write(TRACE[3], "1 after")  # omprog starts zmqpush again for these
         receiver.wait_for(3, 30)
         receiver.settle(1)
-        assert [m for m in receiver.messages() if m != "before"] == ["\n".join(TRACE), "after"]
+        assert [m for m in receiver.messages() if m != "before"] == ["\n".join(TRACE), "1 after"]
         assert {e["app"] for e in receiver.events()} == {"a"}
         assert wait_child(rs, 5) not in (None, first)
     finally:

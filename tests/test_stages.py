@@ -53,10 +53,10 @@ def test_framer_keeps_the_unfinished_line_and_cuts_long_ones():
 
 def test_python_rule_joins_a_trace_between_plain_lines():
     join = joiner(zmqpush.PythonRule())
-    out = join.feed(chunk([b"before", *TRACE, b"after"]))
+    out = join.feed(chunk([b"before", *TRACE, b"1 after"]))
     assert lines_of(out) == [("line", b"before", 1, False),
                              ("event", b"\n".join(TRACE), 4, False),
-                             ("line", b"after", 1, False)]
+                             ("line", b"1 after", 1, False)]
     assert join.pending() == 0 and join.flush() == []
 
 
@@ -112,7 +112,7 @@ def test_per_source_view_joins_each_source_apart():
     mixed = []
     for a, b in zip(TRACE, TRACE):
         mixed += [line("a", a.decode()), line("b", b.decode())]
-    out = join.feed(chunk([*mixed, line("a", "after")]))
+    out = join.feed(chunk([*mixed, line("a", "1 after")]))
     assert join.pending() == 4  # b's trace is still pending
     events = lines_of(out)
     assert [kind for kind, *_ in events] == ["event", "line"]
@@ -133,7 +133,7 @@ def test_per_source_view_says_which_lines_were_held_before():
     for text in TRACE:
         assert join.feed(line("a", text.decode())) == []
     assert join.holding() == [line("a", t.decode())[:-1] for t in TRACE]
-    out = join.feed(line("a", "after"))
+    out = join.feed(line("a", "1 after"))
     assert [(item.nlines(), item.held) for item in out] == [(4, 4), (1, 0)]
 
 
@@ -327,13 +327,13 @@ def test_ledger_answers_each_line_once_in_order():
         sink, pipeline = _pipeline(["--multiline", "python", "--confirm"], replies=replies,
                                    sink=Durable(1 << 20))
         await pipeline.start()
-        for count, line in enumerate([b"x", *TRACE, b"y"], 2):
+        for count, line in enumerate([b"x", *TRACE, b"1 y"], 2):
             await pipeline.feed(line + b"\n", 0.0)
             assert len(replies.said) == count  # answered before the next line comes
         await pipeline.finish()
         assert replies.said == [True] * 7  # the first "OK", then one a line
         items = _drain(sink)
-        assert messages_of(items) == ["x", "\n".join(t.decode() for t in TRACE), "y"]
+        assert messages_of(items) == ["x", "\n".join(t.decode() for t in TRACE), "1 y"]
         assert [p.ends_line for p in items[:-1]] == [[True], [False], [True]]
     asyncio.run(go())
 
@@ -376,10 +376,10 @@ def test_ledger_with_a_spool_keeps_held_lines_for_the_next_run(tmp_path):
 
     said, messages, held = asyncio.run(run_once([b"before", *TRACE[:2]], finish=False))
     assert said == [True] * 4 and messages == ["before"] and held == TRACE[:2]
-    said, messages, held = asyncio.run(run_once([*TRACE[2:], b"after"], finish=True))
+    said, messages, held = asyncio.run(run_once([*TRACE[2:], b"1 after"], finish=True))
     assert said == [True] * 4  # the first "OK", then the three new lines only
     assert [m for m in messages if m != "before"] == [  # "before": what run 1 spooled
-        "\n".join(t.decode() for t in TRACE), "after"]
+        "\n".join(t.decode() for t in TRACE), "1 after"]
     assert held == [] and not (tmp_path / "held").exists()
 
 
@@ -400,7 +400,7 @@ def test_per_source_pipeline_parses_each_json_line_once(monkeypatch):
         encoder = zmqpush.JsonEncoder(b"t", 1, batch=False)
         pipeline = zmqpush.build_pipeline(config, sink, encoder=encoder,
                                           counters=zmqpush.Counters(), replies=None)
-        lines = [json.dumps({"n": n, "message": f"line {n}"}).encode() for n in range(3000)]
+        lines = [json.dumps({"n": n, "message": f"{n} line"}).encode() for n in range(3000)]
         lines[10:10] = [json.dumps({"message": t.decode()}).encode() for t in TRACE]
         await pipeline.feed(chunk(lines), 0.0)
         await pipeline.finish()
@@ -408,7 +408,7 @@ def test_per_source_pipeline_parses_each_json_line_once(monkeypatch):
     lines, messages = asyncio.run(go())
     assert len(b"".join(lines)) > zmqpush.JSON_RUN_BYTES
     assert messages[10] == "\n".join(t.decode() for t in TRACE)
-    assert messages[:10] + messages[11:] == [f"line {n}" for n in range(3000)]
+    assert messages[:10] + messages[11:] == [f"{n} line" for n in range(3000)]
     # each line once, the joined event's first line too (see ObjectView)
     assert len(parses) == len(lines), [p for p in parses if "Traceback" in p]
 
