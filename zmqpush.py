@@ -43,6 +43,7 @@ import bisect
 import collections
 import errno
 import fcntl
+import functools
 import itertools
 import json
 import json.encoder

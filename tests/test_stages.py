@@ -427,7 +427,7 @@ def test_per_source_pipeline_parses_mixed_lines_once(monkeypatch):
     monkeypatch.setattr(zmqpush, "_scan_json", counted)
     trace = [json.dumps({"message": t.decode()}).encode() for t in TRACE]
     lines = [b'{"message":"a"}', b"plain text", b'{"n":1}', b' {"message":"spaced"}',
-             *trace, b'{"message":"b"}', b"\xff", b'{"message":"c"}']
+             *trace, b'{"message":"10:00 b"}', b"\xff", b'{"message":"10:00 c"}']
 
     async def go():
         sink = zmqpush.ByteQueue(1 << 30)
@@ -441,8 +441,8 @@ def test_per_source_pipeline_parses_mixed_lines_once(monkeypatch):
                 for m in parcel.messages]
     events = asyncio.run(go())
     assert [e.get("message", e.get("n")) for e in events] == [
-        "a", "plain text", 1, "spaced", "\n".join(t.decode() for t in TRACE), "b", "\ufffd",
-        "c"]
+        "a", "plain text", 1, "spaced", "\n".join(t.decode() for t in TRACE), "10:00 b",
+        "\ufffd", "10:00 c"]
     assert len(parses) == len(lines) - 2, parses  # every line but the two not JSON
 
 
