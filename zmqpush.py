@@ -152,6 +152,15 @@ MULTILINE_SOURCE_BYTES = 256 << 10
 MULTILINE_SOURCES = 256
 MULTILINE_LINE_OVERHEAD = 256
 MEMORY_PER_HELD_BYTE = 4
+# Container logs (--docker, --cri, README "Container logs", see Unwrapping): the
+# key that tells sources apart for --multiline, how many streams may hold a partial
+# entry at once (the runtimes write two), how long one waits for its rest (the
+# runtimes write the pieces of a line at once), and the longest envelope line
+# framed whole (a 16 KiB piece of control characters is 96 KiB escaped).
+CONTAINER_SOURCE_KEYS = ("stream",)
+CONTAINER_STREAMS = 4
+CONTAINER_PARTIAL_QUIET = 1.0
+CONTAINER_LINE_BYTES = 128 << 10
 # What each endpoint's socket beyond the first holds (measured: 256 receivers
 # at full speed, see bench/README.md "Many receivers"): libzmq's pipes (chunks
 # of 256 message slots), its monitor's sockets, the connection's buffers.
@@ -297,6 +306,7 @@ class Config(NamedTuple):
     metrics_listen: tuple | None = None  # (host, port) of --metrics-listen
     multiline: Multiline | None = None  # joining lines into events (README "Multi-line events")
     structured: str | None = None  # "json" or "journal" (README "Structured logs")
+    container: str | None = None  # "docker" or "cri" (README "Container logs")
     json_target: str | None = None
     json_message_key: str | None = None
     json_overwrite: bool = False
@@ -726,6 +736,17 @@ OPTION_GROUPS = (
                help="lines are `journalctl -o json --all` entries: MESSAGE, the time, "
                "priority, identifier, unit, pid and host become fields, __CURSOR the "
                "event id"),
+        Option(("--docker",), kind="switch",
+               conflicts=(("--cri", ""), ("--journal", "one input format"),
+                          ("--timestamp", "the runtime's time is the event's")),
+               help="lines are Docker json-file entries: \"log\" becomes \"message\" "
+               "(a piece of a long line joined to the rest), \"stream\" a field, "
+               "\"time\" \"@timestamp\"; --json on top merges the app's JSON"),
+        Option(("--cri",), kind="switch",
+               conflicts=(("--journal", "one input format"),
+                          ("--timestamp", "the runtime's time is the event's")),
+               help="lines are CRI log lines (containerd, CRI-O: TIME STREAM P|F "
+               "MESSAGE): as --docker, partial (P) pieces joined to their F"),
     )),
     ("reporting", (
         Option(("--stats",), parse=_seconds(0.1, MAX_SECONDS, off=True), metavar="SECONDS",
@@ -827,10 +848,10 @@ OPTION_GROUPS = (
                help="send an unfinished event after SECONDS without a new line "
                f"(default {DEFAULT_MULTILINE_TIMEOUT:g})"),
         Option(("--multiline-source",), parse=_source_keys, metavar="KEY[,KEY...]",
-               needs=(MULTILINE_NEEDED, ("--json", "--journal")),
-               help="--json, --journal: join only lines whose KEYs have the same "
-               "values (default --journal: " + ",".join(JOURNAL_SOURCE_KEYS)
-               + "; --json: all objects one source)"),
+               needs=(MULTILINE_NEEDED, ("--json", "--journal", "--docker", "--cri")),
+               help="--json, --journal, --docker, --cri: join only lines whose KEYs "
+               "have the same values (default --journal: " + ",".join(JOURNAL_SOURCE_KEYS)
+               + "; --docker, --cri: stream; --json: all objects one source)"),
     )),
 )
 
@@ -1005,7 +1026,8 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
     if max_bytes > max_line_bytes:
         raise UsageError(f"--multiline-max-bytes {max_bytes} is over --max-line-bytes "
                          f"{max_line_bytes}: raise --max-line-bytes too")
-    structured = bool(opt.get("json") or opt.get("journal"))
+    structured = bool(opt.get("json") or opt.get("journal") or opt.get("docker")
+                      or opt.get("cri"))
     for key in opt["multiline_source"] or ():
         utf8(key, "--multiline-source")
     return Multiline(
@@ -1015,7 +1037,8 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
         max_bytes=max_bytes,
         timeout=opt["multiline_timeout"],
         sources=None if not structured else opt["multiline_source"] or (
-            JOURNAL_SOURCE_KEYS if opt.get("journal") else ()))
+            JOURNAL_SOURCE_KEYS if opt.get("journal")
+            else CONTAINER_SOURCE_KEYS if opt.get("docker") or opt.get("cri") else ()))
 
 
 # Keys zmqpush writes itself, or that Logstash gives a meaning: "@metadata" must
@@ -1115,7 +1138,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         zmq_bytes=zmq_queue_bytes(bool(opt["batch"]), bool(replay_bytes)),
         max_line_bytes=max_line_bytes,
         read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES,
-        parses=bool(opt.get("json") or opt.get("journal")),
+        parses=bool(opt.get("json") or opt.get("journal") or opt.get("docker")
+                    or opt.get("cri")),
         joining_bytes=(MEMORY_PER_HELD_BYTE * MULTILINE_SOURCE_BYTES
                        if multiline is not None and multiline.sources is not None else 0))
     if not opt["spool"]:
@@ -1216,8 +1240,9 @@ def structured_options(opt: dict) -> dict:
         raise UsageError("--json-message-key: give the key whose value becomes \"message\"")
     if key is not None:
         utf8(key, "--json-message-key")
-    return {"structured": structured, "json_target": target, "json_message_key": key,
-            "json_overwrite": opt["json_overwrite"]}
+    container = "docker" if opt["docker"] else "cri" if opt["cri"] else None
+    return {"structured": structured, "container": container, "json_target": target,
+            "json_message_key": key, "json_overwrite": opt["json_overwrite"]}
 
 
 def replay_default(opt: dict, spool_bytes: int) -> int:
@@ -3427,9 +3452,10 @@ class SourceJoiner:
         records = [record for entry in self._sources.values() for record in entry.records]
         return [record[0] for record in sorted(records, key=operator.itemgetter(2))]
 
-    def feed(self, chunk: bytes) -> list:
+    def feed(self, chunk: bytes, documents: list | None = None) -> list:
         """The output of chunk (whole lines, CR before newline already stripped
-        where it is to be).  While no source has an event pending, the rule's
+        where it is to be; documents: their parses, see ParsedLines, if a
+        stage made them).  While no source has an event pending, the rule's
         scan() over what it sees of all the lines finds the first that may
         begin one: the lines before it leave as they are, in one run (not
         with java, whose scan() is right only for one stream)."""
@@ -3438,7 +3464,8 @@ class SourceJoiner:
         now = self.clock()
         lines = chunk.split(b"\n")
         lines.pop()
-        seen = list(map(self._classify, lines))
+        seen = (list(map(self._classify, lines)) if documents is None
+                else list(map(self._classify_parsed, lines, documents)))
         starts = None  # where each line's part begins in what the rule sees
         at, size = 0, len(lines)
         while at < size:
@@ -3521,9 +3548,17 @@ class SourceJoiner:
             obj = None
         if type(obj) is not dict or text[end:].strip(_JSON_SPACE):
             return _TEXT_SOURCE, line, None, None
+        return self._classified((text, obj, end, len(text) == len(decoded)))
+
+    def _classify_parsed(self, line: bytes, document) -> tuple:
+        """_classify() of a line whose parse a stage made (None: parse it)."""
+        return self._classify(line) if document is None else self._classified(document)
+
+    def _classified(self, document: tuple) -> tuple:
+        """_classify() of a JSON object's line, from its parse."""
+        obj = document[1]
         source = tuple(map(_source_value, map(obj.get, self._keys))) if self._keys else ()
         message = self._message(obj)
-        document = (text, obj, end, len(text) == len(decoded))
         if message is None:
             return source, None, None, document
         return (source, message.encode("utf-8", "surrogatepass").replace(b"\n", b" "),
@@ -4005,6 +4040,307 @@ class Pipeline:
             await self._replies.reply(True, parcel.ends_line.count(True))
 
 
+def docker_entry(line: bytes) -> tuple | None:
+    """(log, stream, time) of a Docker json-file line, or None if it is not
+    one: a JSON object whose "log" and "stream" are strings and "time" an
+    ISO 8601 time."""
+    try:
+        text = line.decode("utf-8").lstrip(_JSON_SPACE)
+        obj, end = _scan_json(text, 0)
+    except (UnicodeDecodeError, ValueError, StopIteration, RecursionError):
+        return None
+    if type(obj) is not dict or text[end:].strip(_JSON_SPACE):
+        return None
+    log, stream, when = obj.get("log"), obj.get("stream"), obj.get("time")
+    if type(log) is not str or type(stream) is not str or not iso8601_time(when):
+        return None
+    return log, stream, when
+
+
+def cri_entry(line: bytes) -> tuple | None:
+    """(message, stream, time, partial) of a CRI log line (TIME STREAM TAG
+    MESSAGE, TAG P for a partial piece, F for a full line or the last piece,
+    other tags after a ":"), or None if it is not one; message as bytes."""
+    parts = line.split(b" ", 3)
+    if len(parts) < 3:
+        return None
+    tag = parts[2].split(b":", 1)[0]
+    try:
+        when, stream = parts[0].decode("ascii"), parts[1].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if tag not in (b"P", b"F") or not stream or not iso8601_time(when):
+        return None
+    return (parts[3] if len(parts) == 4 else b""), stream, when, tag == b"P"
+
+
+def utf8_cut(data: bytes, most: int) -> int:
+    """Where to end a piece of data of at most `most` (>= 4) bytes: not inside
+    a UTF-8 character."""
+    cut = most
+    while cut > most - 3 and 0x80 <= data[cut] < 0xC0:
+        cut -= 1
+    return cut if not 0x80 <= data[cut] < 0xC0 else most
+
+
+class _Partial:
+    """A stream's partial entry: its pieces (str from Docker, bytes from CRI),
+    their UTF-8 length, the first piece's time, the raw lines they came in
+    (kept for --confirm only) and when the last came (the clock's time)."""
+
+    __slots__ = ("count", "last", "pieces", "raw", "size", "when")
+
+    def __init__(self, when: str):
+        self.pieces: list = []
+        self.size = 0
+        self.count = 0
+        self.when = when
+        self.raw: list = []
+        self.last = 0.0
+
+
+class Unwrapping:
+    """The container stage (--docker, --cri): takes the framer's Segments of
+    envelope lines, gives ParsedLines (see JsonEncoder.encode_parsed) whose
+    lines are the events' objects as JSON: {"message": the app's line
+    without the runtime's newline, "stream": ..., "@timestamp": the
+    runtime's time}.  Each envelope is parsed once; with app_json (--json on
+    top) the app's line once more: an object is the event (under target,
+    its message_key's string the message), "stream" and the runtime's time
+    added ("@timestamp", or "@runtime_time" when the app's own "@timestamp"
+    is an ISO 8601 time; an app's "stream" kept as "_stream", an invalid
+    "@timestamp" as "_@timestamp"), any other line marked as --json marks it.
+
+    A partial entry (Docker: a "log" without its newline; CRI: tag P) is
+    held per stream until its last piece, CONTAINER_PARTIAL_QUIET seconds
+    without one, or flush(); past max_line_bytes its message leaves in
+    pieces marked "@continues":true.  A line that is not an entry leaves
+    as its text, marked ("tags":["_jsonparsefailure"], "@json_error"), and
+    is counted in json_failures.  Pieces of an envelope line over the
+    framer's limit pass as they are (the encoder marks them)."""
+
+    def __init__(self, runtime: str, max_line_bytes: int, counters: Counters, *,
+                 app_json: bool = False, target: str | None = None,
+                 message_key: str | None = None, keep_raw: bool = False,
+                 clock=time.monotonic):
+        self._entry = docker_entry if runtime == "docker" else cri_entry
+        self._docker = runtime == "docker"
+        self._what = ("not a Docker json-file entry" if self._docker
+                      else "not a CRI log line")
+        self._max = max_line_bytes
+        self._counters = counters
+        self._app_json = app_json
+        self._target = target
+        self._message_key = message_key
+        self._keep_raw = keep_raw
+        self._clock = clock
+        self._partials: dict = {}  # stream: _Partial, in the order they began
+        self._held = 0  # raw lines in the partial entries
+        self._tail_due = False  # the next line is the last piece of a framed line
+
+    def feed(self, items: list) -> list:
+        out, lines, documents = [], [], []
+        for item in items:
+            seg = item
+            if seg.continues or self._tail_due:
+                self._close_run(out, lines, documents)
+                lines, documents = [], []
+                self._tail_due = seg.continues
+                if seg.continues:
+                    out.append(seg)
+                    continue
+                last_piece, seg = seg.split(1)
+                out.append(last_piece._replace(strip_cr=False))
+                if seg is None:
+                    continue
+            chunk = seg.lines
+            if seg.strip_cr and 0x0D in chunk:
+                chunk = chunk.replace(b"\r\n", b"\n")
+            raws = chunk.split(b"\n")
+            raws.pop()
+            for raw in raws:
+                self._take(raw, lines, documents)
+        self._close_run(out, lines, documents)
+        return out
+
+    def flush(self) -> list:
+        """Every partial entry, now, as it is."""
+        return self._release(lambda partial: True)
+
+    def flush_due(self, now: float) -> list:
+        """The partial entries whose last piece came CONTAINER_PARTIAL_QUIET
+        before now (the loop's time) or earlier."""
+        return self._release(lambda partial: partial.last + CONTAINER_PARTIAL_QUIET
+                             <= now + MIN_WINDOW)
+
+    def deadline(self) -> float | None:
+        """When the first partial entry is due, or None: none held."""
+        if not self._partials:
+            return None
+        return min(p.last for p in self._partials.values()) + CONTAINER_PARTIAL_QUIET
+
+    def held(self) -> int:
+        """Raw lines held in partial entries."""
+        return self._held
+
+    def holding(self) -> list:
+        """The raw lines held (with keep_raw), oldest first by entry."""
+        return [raw for partial in self._partials.values() for raw in partial.raw]
+
+    def _release(self, due) -> list:
+        lines, documents = [], []
+        for stream, partial in list(self._partials.items()):
+            if due(partial):
+                self._end(stream, lines, documents)
+        out: list = []
+        self._close_run(out, lines, documents)
+        return out
+
+    @staticmethod
+    def _close_run(out: list, lines: list, documents: list):
+        if lines:
+            out.append(ParsedLines(b"".join(lines), documents))
+
+    def _take(self, raw: bytes, lines: list, documents: list):
+        """One envelope line: its event added to lines and documents, or held."""
+        entry = self._entry(raw)
+        if entry is None:
+            self._counters.json_failures += 1
+            self._add({"message": raw.decode("utf-8", "replace"), "tags": [JSON_FAILURE_TAG],
+                       JSON_ERROR_KEY: self._what}, lines, documents)
+            return
+        if self._docker:
+            message, stream, when = entry
+            partial = not message.endswith("\n")
+            if not partial:
+                message = message[:-1]
+        else:
+            message, stream, when, partial = entry
+        held = self._partials.get(stream)
+        if held is None and not partial and len(message) * 4 <= self._max:
+            self._add(self._event(message, stream, when), lines, documents)
+            return  # the common case: a whole entry that fits
+        if held is None:
+            held = self._partials[stream] = _Partial(when)
+            while len(self._partials) > CONTAINER_STREAMS:
+                self._end(next(iter(self._partials)), lines, documents)
+        held.pieces.append(message)
+        held.size += len(message) if isinstance(message, bytes) else len(
+            message.encode("utf-8", "surrogatepass"))
+        held.last = self._clock()
+        held.count += 1
+        self._held += 1
+        if self._keep_raw:
+            held.raw.append(raw)
+        if held.size > self._max:
+            self._cut(stream, held, lines, documents)
+        if not partial:
+            self._end(stream, lines, documents)
+
+    def _cut(self, stream: str, held: _Partial, lines: list, documents: list):
+        """held's message while over max_line_bytes: pieces marked continues."""
+        data = b"".join(held.pieces) if isinstance(held.pieces[0], bytes) else "".join(
+            held.pieces).encode("utf-8", "surrogatepass")
+        while len(data) > self._max:
+            cut = utf8_cut(data, self._max)
+            self._add(self._event(self._text(data[:cut]), stream, held.when, cut=True),
+                      lines, documents)
+            data = data[cut:]
+        held.pieces = [data if isinstance(held.pieces[0], bytes)
+                       else data.decode("utf-8", "surrogatepass")]
+        held.size = len(data)
+
+    def _end(self, stream: str, lines: list, documents: list):
+        """A stream's partial entry leaves as one event (or as its last piece)."""
+        held = self._partials.pop(stream)
+        self._held -= held.count
+        message = held.pieces[0][:0].join(held.pieces)
+        self._add(self._event(message, stream, held.when), lines, documents)
+
+    @staticmethod
+    def _text(message) -> str:
+        """A message as text: invalid UTF-8 (CRI) as U+FFFD."""
+        return message.decode("utf-8", "replace") if isinstance(message, bytes) else message
+
+    def _event(self, message, stream: str, when: str, cut: bool = False) -> dict:
+        """The event of an entry's message (see the class)."""
+        message = self._text(message)
+        if self._app_json and not cut:
+            obj, why = self._app_object(message)
+            if obj is not None:
+                return self._app_event(obj, stream, when)
+            self._counters.json_failures += 1
+            return {"message": message, "stream": stream, "@timestamp": when,
+                    "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: why}
+        event = {"message": message, "stream": stream, "@timestamp": when}
+        if cut:
+            event["@continues"] = True
+        return event
+
+    @staticmethod
+    def _app_object(message: str) -> tuple:
+        """(object, None) if message is a JSON object zmqpush can send, else
+        (None, why) in the words of --json's "@json_error"."""
+        text = message.lstrip(_JSON_SPACE)
+        try:
+            obj, end = _scan_json(text, 0)
+        except (ValueError, StopIteration, RecursionError) as exc:
+            return None, _json_failure(exc)
+        if text[end:].strip(_JSON_SPACE):
+            return None, "not JSON"
+        if type(obj) is not dict:
+            return None, "not a JSON object"
+        if text.count("{") + text.count("[") > MAX_JSON_DEPTH and json_depth(obj) > MAX_JSON_DEPTH:
+            return None, f"nested deeper than {MAX_JSON_DEPTH}"
+        if may_hold_bracket_key(text) and bracket_key(obj):
+            return None, BRACKET_KEY_REFUSAL
+        return obj, None
+
+    def _app_event(self, obj: dict, stream: str, when: str) -> dict:
+        """The app's object as the event, with the runtime's stream and time."""
+        key = self._message_key
+        message = obj.pop(key) if key and isinstance(obj.get(key), str) else None
+        event = {self._target: obj} if self._target is not None else obj
+        if message is not None:
+            event["message"] = message
+        if "stream" in event:
+            event["_stream"] = event.pop("stream")
+        event["stream"] = stream
+        if "@timestamp" not in event:
+            event["@timestamp"] = when
+        elif iso8601_time(event["@timestamp"]):
+            event["@runtime_time"] = when
+        else:
+            event["_@timestamp"] = event.pop("@timestamp")
+            event["@timestamp"] = when
+            event[JSON_ERROR_KEY] = ("@timestamp not an ISO 8601 time with its zone: "
+                                     "kept as _@timestamp")
+            self._counters.json_fixed += 1
+        return event
+
+    def _add(self, event: dict, lines: list, documents: list):
+        """event as a JSON line and its parse; a value JSON cannot carry (a
+        lone surrogate, a number out of range) leaves it as its message."""
+        try:
+            text = _dump_json(event)
+            line = text.encode("utf-8")
+        except (ValueError, UnicodeEncodeError, RecursionError) as exc:
+            message = event.get("message")
+            safe = {"message": message.encode("utf-8", "surrogatepass").decode(
+                        "utf-8", "replace") if isinstance(message, str) else "",
+                    "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: (
+                        "lone surrogate" if isinstance(exc, UnicodeEncodeError)
+                        else NUMBER_OUT_OF_RANGE)}
+            for key in ("stream", "@timestamp"):
+                if key in event:
+                    safe[key] = event[key]
+            self._counters.json_failures += 1
+            text = _dump_json(safe)
+            line = text.encode("utf-8")
+        lines.append(line + b"\n")
+        documents.append((text, event, len(text), True))
+
+
 class Joining:
     """The joining stage (--multiline, --multiline-pattern): a Joiner, or a
     SourceJoiner with --json or --journal.  Takes the framer's Segments, gives
@@ -4023,6 +4359,9 @@ class Joining:
             if seg.continues:  # a piece of an over-long line: the event before it ends
                 out += joiner.flush()
                 out.append(seg)
+                continue
+            if type(seg) is ParsedLines:  # parsed by a stage before (Unwrapping)
+                out += joiner.feed(seg.lines, seg.documents)
                 continue
             chunk = seg.lines
             if seg.strip_cr and 0x0D in chunk:
@@ -4343,24 +4682,41 @@ class Ledger:
 def build_pipeline(config: Config, sink: ByteQueue, *, encoder, counters: Counters,
                    replies: Replies | None) -> Pipeline:
     """The reading pipeline the options ask for: the plain one, or with the
-    joining stage (and --confirm's Ledger around it).  Within the running loop."""
-    parts = dict(framer=LineFramer(config.max_line_bytes), encoder=encoder,
-                 counters=counters, replies=replies)
+    container stage and the joining stage (and --confirm's Ledger around
+    them).  Within the running loop."""
+    framed = (config.max_line_bytes if config.container is None
+              else max(config.max_line_bytes, CONTAINER_LINE_BYTES))
+    parts = dict(framer=LineFramer(framed), encoder=encoder, counters=counters,
+                 replies=replies)
     multiline = config.multiline
-    if multiline is None:
+    if multiline is None and config.container is None:
         return Pipeline(sink, **parts)
     clock = asyncio.get_running_loop().time
+    stages: list = []
+    if config.container is not None:
+        stages.append(Unwrapping(
+            config.container, config.max_line_bytes, counters,
+            app_json=config.structured == "json", target=config.json_target,
+            message_key=config.json_message_key, keep_raw=replies is not None, clock=clock))
+    if multiline is not None:
+        stages.append(Joining(joiner_for(config, multiline, counters, clock), multiline.timeout))
+    ledger = None if replies is None else Ledger(replies, sink.durable, counters)
+    sources = multiline is not None and multiline.sources is not None
+    return StagedPipeline(sink, stages, ledger=ledger,
+                          run_bytes=JSON_RUN_BYTES if sources or config.container else 0,
+                          **parts)
+
+
+def joiner_for(config: Config, multiline: Multiline, counters: Counters, clock):
+    """The Joiner, or the SourceJoiner when lines are parsed (--json,
+    --journal, --docker, --cri)."""
     rule = joining_rule(multiline)
     if multiline.sources is None:
-        joiner = Joiner(rule, multiline.max_lines, multiline.max_bytes, counters, clock=clock)
-    else:
-        joiner = SourceJoiner(rule, multiline.max_lines, multiline.max_bytes, counters,
-                              keys=multiline.sources, message_key=config.json_message_key,
-                              journal=config.structured == "journal", clock=clock)
-    ledger = None if replies is None else Ledger(replies, sink.durable, counters)
-    return StagedPipeline(sink, [Joining(joiner, multiline.timeout)], ledger=ledger,
-                          run_bytes=JSON_RUN_BYTES if multiline.sources is not None else 0,
-                          **parts)
+        return Joiner(rule, multiline.max_lines, multiline.max_bytes, counters, clock=clock)
+    return SourceJoiner(rule, multiline.max_lines, multiline.max_bytes, counters,
+                        keys=multiline.sources,
+                        message_key=None if config.container else config.json_message_key,
+                        journal=config.structured == "journal", clock=clock)
 
 
 # ------------------------------------------------------------------ input --
@@ -6965,7 +7321,7 @@ class Reporter:
                     "cut": c.events_cut, "pushed_out": c.events_pushed_out}
                    if self._config.multiline is not None else {}),
                 **({"json_errors": c.json_failures, "json_fixed": c.json_fixed}
-                   if self._config.structured is not None else {})}
+                   if self._config.structured or self._config.container else {})}
 
     def _spool_values(self) -> dict:
         """The spool's figures: bytes and segments on disk, bytes not yet sent
@@ -7702,6 +8058,9 @@ class Shipper:
         args = (config.logtype, os.getpid(), config.batch, config.fields, config.timestamp)
         kwargs = {"array_bytes": config.array_bytes,
                   "run_id": os.urandom(8).hex() if config.event_ids else None}
+        if config.container is not None:  # Unwrapping made the objects: see there
+            return JsonEncoder(*args, counters=self.counters,
+                               overwrite=config.json_overwrite, **kwargs)
         if config.structured is None:
             return Encoder(*args, **kwargs)
         if config.structured == "journal":
