@@ -152,7 +152,7 @@ MULTILINE_SOURCE_BYTES = 256 << 10
 MULTILINE_SOURCES = 256
 MULTILINE_LINE_OVERHEAD = 256
 MEMORY_PER_HELD_BYTE = 4
-# Container logs (--docker, --cri, README "Container logs", see Unwrapping): the
+# Container logs (--docker, --cri, README "Structured logs", see Unwrapping): the
 # key that tells sources apart for --multiline, how many streams may hold a partial
 # entry at once (the runtimes write two), how long one waits for its rest (the
 # runtimes write the pieces of a line at once), and the longest envelope line
@@ -306,7 +306,7 @@ class Config(NamedTuple):
     metrics_listen: tuple | None = None  # (host, port) of --metrics-listen
     multiline: Multiline | None = None  # joining lines into events (README "Multi-line events")
     structured: str | None = None  # "json" or "journal" (README "Structured logs")
-    container: str | None = None  # "docker" or "cri" (README "Container logs")
+    container: str | None = None  # "docker" or "cri" (README "Structured logs")
     json_target: str | None = None
     json_message_key: str | None = None
     json_overwrite: bool = False
@@ -4125,6 +4125,7 @@ class Unwrapping:
                  clock=time.monotonic):
         self._entry = docker_entry if runtime == "docker" else cri_entry
         self._docker = runtime == "docker"
+        self._widest = 4 if self._docker else 1  # UTF-8 bytes a str or bytes item may take
         self._what = ("not a Docker json-file entry" if self._docker
                       else "not a CRI log line")
         self._max = max_line_bytes
@@ -4217,7 +4218,7 @@ class Unwrapping:
         else:
             message, stream, when, partial = entry
         held = self._partials.get(stream)
-        if held is None and not partial and len(message) * 4 <= self._max:
+        if held is None and not partial and len(message) * self._widest <= self._max:
             self._add(self._event(message, stream, when), lines, documents)
             return  # the common case: a whole entry that fits
         if held is None:

@@ -1,4 +1,4 @@
-"""Container logs (--docker, --cri, README "Container logs"): files the real
+"""Container logs (--docker, --cri, README "Structured logs"): files the real
 writers produced.  Docker's json-file by a private dockerd (Debian's docker.io,
 its own data and exec roots and socket, no network, no registry: a busybox
 image imported from busybox-static); CRI lines by containerd's own CRI logger
@@ -6,6 +6,7 @@ image imported from busybox-static); CRI lines by containerd's own CRI logger
 containerd, built against Debian's golang-github-containerd-containerd-dev,
 wired as containerd's CRI plugin wires a container).  Both run the same shell
 script; the stage is also fed directly."""
+import asyncio
 import json
 import os
 import shutil
@@ -27,7 +28,8 @@ LONG = 20000  # over the runtimes' 16 KiB pieces
 APP_TIMED = '{"level":"info","msg":"json line","@timestamp":"2026-11-27T10:00:00.000Z"}'
 APP_STREAM = '{"level":"warn","msg":"no time","stream":"app"}'
 # stdout and stderr, in the order each stream prints them: stderr a Go panic
-# with its blank line, a stdout line printed in the middle of it.
+# with its blank line, a stdout line printed in the middle of it (the pauses
+# keep the runtime's copiers, one a stream, writing in that order).
 SCRIPT = f"""
 echo 'plain line'
 echo
@@ -39,7 +41,9 @@ echo '{APP_STREAM}'
 echo 'panic: oops' >&2
 echo >&2
 echo 'goroutine 1 [running]:' >&2
+sleep 0.2
 echo 'between the trace lines'
+sleep 0.2
 echo 'main.main()' >&2
 printf '\\t/app/main.go:5 +0x1d\\n' >&2
 printf 'last line, no newline'
@@ -69,7 +73,7 @@ def busybox_image(path: Path):
     root = path / "image"
     (root / "bin").mkdir(parents=True)
     shutil.copy("/bin/busybox", root / "bin" / "busybox")
-    for applet in ("sh", "echo", "printf", "head", "tr", "yes"):
+    for applet in ("sh", "echo", "printf", "head", "tr", "yes", "sleep"):
         os.symlink("busybox", root / "bin" / applet)
     with tarfile.open(path / "image.tar", "w") as tar:
         tar.add(root, arcname=".")
@@ -119,8 +123,8 @@ def cri_log(tmp_path_factory) -> bytes:
     """SCRIPT's output as containerd's CRI logger wrote it (16 KiB pieces, its default)."""
     base = tmp_path_factory.mktemp("cri")
     source = Path(__file__).resolve().parent / "cri_logger"
-    env = {**os.environ, "GO111MODULE": "off", "GOFLAGS": "", "GOCACHE": str(base / "cache"),
-           "GOPATH": f"{source}:/usr/share/gocode", "HOME": str(base)}
+    env = {**os.environ, "GO111MODULE": "off", "GOFLAGS": "",
+           "GOPATH": f"{source}:/usr/share/gocode"}  # go's own build cache, outside the checkout
     subprocess.run(["go", "build", "-o", str(base / "crilog"), "."],
                    cwd=source / "src" / "crilog", env=env, check=True, timeout=600)
     subprocess.run([str(base / "crilog"), str(base / "0.log"), "16384", "/bin/sh", "-c", SCRIPT],
@@ -162,9 +166,9 @@ def entry_times(runtime: str, data: bytes) -> dict:
 
 
 @pytest.fixture(params=["docker", "cri"])
-def written(request, docker_log, cri_log) -> tuple:
+def written(request) -> tuple:
     """(runtime, the file its real writer wrote)."""
-    return request.param, docker_log if request.param == "docker" else cri_log
+    return request.param, request.getfixturevalue(f"{request.param}_log")
 
 
 def test_the_writers_split_long_lines_and_keep_blank_ones(docker_log, cri_log):
@@ -174,6 +178,10 @@ def test_the_writers_split_long_lines_and_keep_blank_ones(docker_log, cri_log):
     assert any(len(entry["log"]) == 16384 and not entry["log"].endswith("\n")
                for entry in docker_lines)
     assert b" stdout P " in cri_log and b" stdout F \n" in cri_log
+    for data in (docker_log, cri_log):  # the stdout line between the trace's lines
+        goroutine, between, main = (data.index(text) for text in (
+            b"goroutine 1", b"between the trace", b"main.main()"))
+        assert goroutine < between < main
 
 
 def test_each_line_one_event_message_without_newline_stream_and_time(receiver, written):
@@ -371,3 +379,40 @@ def test_timer_releases_a_partial_entry_while_input_stays_open(receiver):
     finally:
         proc.stdin.close()
         stop_process(proc)
+
+
+@pytest.mark.parametrize("app_json", [False, True])
+def test_each_envelope_parsed_once_and_the_apps_json_once_more(monkeypatch, app_json):
+    """--docker --multiline (and --json): the stage's parses are the joiner's
+    and the encoder's; a joined event's first line is parsed once more."""
+    parses = []
+    scan = zmqpush._scan_json
+
+    def counted(text, at):
+        parses.append(text)
+        return scan(text, at)
+    monkeypatch.setattr(zmqpush, "_scan_json", counted)
+    app = [json.dumps({"n": n, "message": f"line {n}"}) for n in range(3000)]
+    lines = ([docker_line(text + "\n") for text in app[:10]]
+             + [docker_line(text + "\n", "stderr") for text in STDERR]
+             + [docker_line(text + "\n") for text in app[10:]])
+
+    async def go():
+        sink = zmqpush.ByteQueue(1 << 30)
+        config = zmqpush.parse_options(["--docker", "--multiline", "go"]
+                                       + ["--json"] * app_json, environ={})
+        encoder = zmqpush.JsonEncoder(b"t", 1, batch=False)
+        pipeline = zmqpush.build_pipeline(config, sink, encoder=encoder,
+                                          counters=zmqpush.Counters(), replies=None)
+        await pipeline.feed(b"".join(lines), 0.0)
+        await pipeline.finish()
+        out = []
+        while not sink.empty():
+            parcel = sink.get_nowait()
+            if parcel is not zmqpush.END:
+                out += [json.loads(m)["message"] for m in parcel.messages]
+        return out
+    messages = asyncio.run(go())
+    assert len(b"".join(lines)) > zmqpush.JSON_RUN_BYTES
+    assert messages == [f"line {n}" if app_json else app[n] for n in range(3000)] + [TRACE]
+    assert len(parses) == len(lines) * (1 + app_json) + 1
