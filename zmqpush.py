@@ -158,6 +158,10 @@ MEMORY_PER_HELD_BYTE = 4
 # runtimes write the pieces of a line at once), and the longest envelope line
 # framed whole (a 16 KiB piece of control characters is 96 KiB escaped).
 CONTAINER_SOURCE_KEYS = ("stream",)
+# The keys of Logstash's (see RESERVED_CHECKS) whose values the container stage
+# makes valid itself, and the key it marks with: the encoder splices its events
+# (not "@metadata", which --event-id's must merge with).
+CONTAINER_CHECKED_KEYS = frozenset(("@timestamp", "tags", "@version", "event", "@json_error"))
 CONTAINER_STREAMS = 4
 CONTAINER_PARTIAL_QUIET = 1.0
 CONTAINER_LINE_BYTES = 128 << 10
@@ -2158,9 +2162,10 @@ class JsonEncoder:
                  timestamp: bool = False, *, run_id: str | None = None,
                  array_bytes: int = DEFAULT_READ_BYTES, counters: Counters | None = None,
                  target: str | None = None, message_key: str | None = None,
-                 overwrite: bool = False):
+                 overwrite: bool = False, checked: frozenset = frozenset()):
         """As Encoder; counters get the failures; target, message_key and
-        overwrite are --json-target, --json-message-key and --json-overwrite."""
+        overwrite are --json-target, --json-message-key and --json-overwrite;
+        checked: reserved keys a stage before made valid (see Unwrapping)."""
         self._tail = (b'"type":' + _json_string(logtype) + b',"@pid":' + b"%d" % pid
                       + b"".join(b"," + _json_string(k) + b":" + _json_value(v)
                                  for k, v in fields))
@@ -2177,7 +2182,7 @@ class JsonEncoder:
         self._overwrite = overwrite
         ours = {k.decode() for k, _ in fields} | {"type", "@pid", JSON_ERROR_KEY}
         self._watched = frozenset(ours | set(RESERVED_CHECKS)
-                                  | ({message_key} if message_key else set()))
+                                  | ({message_key} if message_key else set())) - checked
         self._cut = False  # the next line is the last piece of a line that was cut
         self._bulk_wait = 0  # chunks to parse line by line yet (see _parse_all)
 
@@ -4307,15 +4312,13 @@ class Unwrapping:
         if "stream" in event:
             event["_stream"] = event.pop("stream")
         event["stream"] = stream
-        if "@timestamp" not in event:
-            event["@timestamp"] = when
-        elif iso8601_time(event["@timestamp"]):
+        fixes = fix_reserved(event)  # an invalid "@timestamp" goes to "_@timestamp"
+        if "@timestamp" in event:
             event["@runtime_time"] = when
         else:
-            event["_@timestamp"] = event.pop("@timestamp")
             event["@timestamp"] = when
-            event[JSON_ERROR_KEY] = ("@timestamp not an ISO 8601 time with its zone: "
-                                     "kept as _@timestamp")
+        if fixes:
+            event[JSON_ERROR_KEY] = "; ".join(fixes)
             self._counters.json_fixed += 1
         return event
 
@@ -8060,8 +8063,8 @@ class Shipper:
         kwargs = {"array_bytes": config.array_bytes,
                   "run_id": os.urandom(8).hex() if config.event_ids else None}
         if config.container is not None:  # Unwrapping made the objects: see there
-            return JsonEncoder(*args, counters=self.counters,
-                               overwrite=config.json_overwrite, **kwargs)
+            return JsonEncoder(*args, counters=self.counters, overwrite=config.json_overwrite,
+                               checked=CONTAINER_CHECKED_KEYS, **kwargs)
         if config.structured is None:
             return Encoder(*args, **kwargs)
         if config.structured == "journal":
