@@ -158,6 +158,7 @@ MEMORY_PER_HELD_BYTE = 4
 # runtimes write the pieces of a line at once), and the longest envelope line
 # framed whole (a 16 KiB piece of control characters is 96 KiB escaped).
 CONTAINER_SOURCE_KEYS = ("stream",)
+CONTAINER_FIELDS = ("stream", "_stream", "@runtime_time")  # besides message and @timestamp
 # The keys of Logstash's (see RESERVED_CHECKS) whose values the container stage
 # makes valid itself, and the key it marks with: the encoder splices its events
 # (not "@metadata", which --event-id's must merge with).
@@ -1245,6 +1246,9 @@ def structured_options(opt: dict) -> dict:
     if key is not None:
         utf8(key, "--json-message-key")
     container = "docker" if opt["docker"] else "cri" if opt["cri"] else None
+    for spec in opt["field"] if container else ():
+        if spec.partition("=")[0] in CONTAINER_FIELDS:
+            raise UsageError(f"field {spec.partition('=')[0]!r}: --{container} writes it")
     return {"structured": structured, "container": container, "json_target": target,
             "json_message_key": key, "json_overwrite": opt["json_overwrite"]}
 

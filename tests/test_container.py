@@ -358,7 +358,8 @@ def test_options():
     config = zmqpush.parse_options(base, environ={})
     assert config.container == "docker" and config.multiline.sources == ("stream",)
     assert zmqpush.parse_options([], environ={"ZMQPUSH_CRI": "1"}).container == "cri"
-    for bad in (["--docker", "--cri"], ["--cri", "--journal"], ["--docker", "--timestamp"]):
+    for bad in (["--docker", "--cri"], ["--cri", "--journal"], ["--docker", "--timestamp"],
+                ["--cri", "-f", "stream=x"]):
         with pytest.raises(zmqpush.UsageError):
             zmqpush.parse_options(bad, environ={})
 
