@@ -7,6 +7,7 @@ containerd, built against Debian's golang-github-containerd-containerd-dev,
 wired as containerd's CRI plugin wires a container).  Both run the same shell
 script; the stage is also fed directly."""
 import asyncio
+import fcntl
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run, wait_until
+from conftest import run, run_lock_directory, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmqpush
@@ -85,10 +86,34 @@ def docker(sock: Path, *args, timeout: float = 120) -> subprocess.CompletedProce
                           timeout=timeout, check=True)
 
 
+def written_once(tmp_path_factory, name: str, write) -> bytes:
+    """The file write(directory) returns, written once for the whole run (every
+    xdist worker takes the first one's): one dockerd and one go build a run."""
+    shared = run_lock_directory(tmp_path_factory)
+    path = shared / f"container-{name}.log"
+    with open(shared / f"container-{name}.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            data = write(tmp_path_factory.mktemp(name))
+            path.with_suffix(".part").write_bytes(data)
+            path.with_suffix(".part").rename(path)
+        return path.read_bytes()
+
+
 @pytest.fixture(scope="module")
 def docker_log(tmp_path_factory) -> bytes:
     """SCRIPT's output as a private dockerd's json-file driver wrote it."""
-    base = tmp_path_factory.mktemp("docker")
+    return written_once(tmp_path_factory, "docker", dockerd_writes)
+
+
+@pytest.fixture(scope="module")
+def cri_log(tmp_path_factory) -> bytes:
+    """SCRIPT's output as containerd's CRI logger wrote it (16 KiB pieces, its default)."""
+    return written_once(tmp_path_factory, "cri", cri_logger_writes)
+
+
+def dockerd_writes(base: Path) -> bytes:
+    """SCRIPT run in a container of a private dockerd: its json-file log."""
     sock = base / "docker.sock"
     log = (base / "dockerd.log").open("wb")
     daemon = subprocess.Popen(
@@ -118,10 +143,8 @@ def docker_log(tmp_path_factory) -> bytes:
         log.close()
 
 
-@pytest.fixture(scope="module")
-def cri_log(tmp_path_factory) -> bytes:
-    """SCRIPT's output as containerd's CRI logger wrote it (16 KiB pieces, its default)."""
-    base = tmp_path_factory.mktemp("cri")
+def cri_logger_writes(base: Path) -> bytes:
+    """SCRIPT run with containerd's CRI logger (built in base) writing its output."""
     source = Path(__file__).resolve().parent / "cri_logger"
     env = {**os.environ, "GO111MODULE": "off", "GOFLAGS": "",
            "GOPATH": f"{source}:/usr/share/gocode"}  # go's own build cache, outside the checkout
