@@ -11,7 +11,8 @@ own):
   encoding     whole lines in, JSON messages out (plain, --json, --journal)
   framing and joining   the counters, the stages' items, line framing, joining
   queue        the sink interface (memory queue) and --confirm's replies
-  pipeline     framing -> stages -> encoder -> sink, built once from the options
+  pipeline     framing -> stages (containers, joining) -> encoder -> sink, built
+               once from the options
   input        stdin, feeding the pipeline
   spooling     the disk sink (--spool)
   sockets      the PUSH sockets, endpoints, descriptors, connection monitors
@@ -3907,9 +3908,10 @@ class Replies:
 # --------------------------------------------------------------- pipeline --
 # Owns what happens to the bytes StdinReader read, built once at start-up from
 # the options (build_pipeline): framing (LineFramer) -> the stages the options
-# ask for (Joining) -> one encoder -> one sink (ByteQueue or SpoolQueue, alike
-# to it).  The plain path has no stage: framing goes straight into the bulk
-# encoder.  A stage takes and gives items (Segment, Joined) that say how many
+# ask for (Unwrapping container logs, Joining) -> one encoder -> one sink
+# (ByteQueue or SpoolQueue, alike to it).  The plain path has no stage: framing
+# goes straight into the bulk encoder.  A stage takes and gives items (Segment,
+# ParsedLines, Joined) that say how many
 # lines they carry and how many were held; --confirm around stages is the
 # Ledger; the one quiet timer of the stages that hold lines is StagedPipeline's.
 
