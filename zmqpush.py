@@ -3911,9 +3911,9 @@ class Replies:
 # ask for (Unwrapping container logs, Joining) -> one encoder -> one sink
 # (ByteQueue or SpoolQueue, alike to it).  The plain path has no stage: framing
 # goes straight into the bulk encoder.  A stage takes and gives items (Segment,
-# ParsedLines, Joined) that say how many
-# lines they carry and how many were held; --confirm around stages is the
-# Ledger; the one quiet timer of the stages that hold lines is StagedPipeline's.
+# ParsedLines, Joined) that say how many lines they carry and how many were
+# held; --confirm around stages is the Ledger; the one quiet timer of the
+# stages that hold lines is StagedPipeline's.
 
 class Pipeline:
     """The plain path: framing, the encoder and the sink, no stage.
