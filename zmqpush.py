@@ -11,7 +11,8 @@ own):
   encoding     zmqpush's own keys (OwnKeys); lines in, JSON out (plain, --json, --journal)
   framing and joining   the counters, the stages' items, line framing, joining
   queue        the sink interface (memory queue) and --confirm's replies
-  pipeline     framing -> stages -> encoder -> sink, built once from the options
+  pipeline     framing -> stages (containers, joining) -> encoder -> sink, built
+               once from the options
   input        stdin, feeding the pipeline
   spooling     the disk sink (--spool)
   sockets      the PUSH sockets, endpoints, descriptors, connection monitors
@@ -152,6 +153,20 @@ MULTILINE_SOURCE_BYTES = 256 << 10
 MULTILINE_SOURCES = 256
 MULTILINE_LINE_OVERHEAD = 256
 MEMORY_PER_HELD_BYTE = 4
+# Container logs (--docker, --cri, README "Structured logs", see Unwrapping): the
+# key that tells sources apart for --multiline, how many streams may hold a partial
+# entry at once (the runtimes write two), how long one waits for its rest (the
+# runtimes write the pieces of a line at once), and the longest envelope line
+# framed whole (a 16 KiB piece of control characters is 96 KiB escaped).
+CONTAINER_SOURCE_KEYS = ("stream",)
+CONTAINER_FIELDS = ("stream", "_stream", "@runtime_time")  # besides message and @timestamp
+# The keys of Logstash's (see RESERVED_CHECKS) whose values the container stage
+# makes valid itself, and the key it marks with: the encoder splices its events
+# (not "@metadata", which --event-id's must merge with).
+CONTAINER_CHECKED_KEYS = frozenset(("@timestamp", "tags", "@version", "event", "@json_error"))
+CONTAINER_STREAMS = 4
+CONTAINER_PARTIAL_QUIET = 1.0
+CONTAINER_LINE_BYTES = 128 << 10
 # What each endpoint's socket beyond the first holds (measured: 256 receivers
 # at full speed, see bench/README.md "Many receivers"): libzmq's pipes (chunks
 # of 256 message slots), its monitor's sockets, the connection's buffers.
@@ -297,6 +312,7 @@ class Config(NamedTuple):
     metrics_listen: tuple | None = None  # (host, port) of --metrics-listen
     multiline: Multiline | None = None  # joining lines into events (README "Multi-line events")
     structured: str | None = None  # "json" or "journal" (README "Structured logs")
+    container: str | None = None  # "docker" or "cri" (README "Structured logs")
     json_target: str | None = None
     json_message_key: str | None = None
     json_overwrite: bool = False
@@ -727,6 +743,17 @@ OPTION_GROUPS = (
                help="lines are `journalctl -o json --all` entries: MESSAGE, the time, "
                "priority, identifier, unit, pid and host become fields, __CURSOR the "
                "event id"),
+        Option(("--docker",), kind="switch",
+               conflicts=(("--cri", ""), ("--journal", "one input format"),
+                          ("--timestamp", "the runtime's time is the event's")),
+               help="lines are Docker json-file entries: \"log\" becomes \"message\" "
+               "(a piece of a long line joined to the rest), \"stream\" a field, "
+               "\"time\" \"@timestamp\"; --json on top merges the app's JSON"),
+        Option(("--cri",), kind="switch",
+               conflicts=(("--journal", "one input format"),
+                          ("--timestamp", "the runtime's time is the event's")),
+               help="lines are CRI log lines (containerd, CRI-O: TIME STREAM P|F "
+               "MESSAGE): as --docker, partial (P) pieces joined to their F"),
     )),
     ("reporting", (
         Option(("--stats",), parse=_seconds(0.1, MAX_SECONDS, off=True), metavar="SECONDS",
@@ -828,10 +855,10 @@ OPTION_GROUPS = (
                help="send an unfinished event after SECONDS without a new line "
                f"(default {DEFAULT_MULTILINE_TIMEOUT:g})"),
         Option(("--multiline-source",), parse=_source_keys, metavar="KEY[,KEY...]",
-               needs=(MULTILINE_NEEDED, ("--json", "--journal")),
-               help="--json, --journal: join only lines whose KEYs have the same "
-               "values (default --journal: " + ",".join(JOURNAL_SOURCE_KEYS)
-               + "; --json: all objects one source)"),
+               needs=(MULTILINE_NEEDED, ("--json", "--journal", "--docker", "--cri")),
+               help="--json, --journal, --docker, --cri: join only lines whose KEYs "
+               "have the same values (default --journal: " + ",".join(JOURNAL_SOURCE_KEYS)
+               + "; --docker, --cri: stream; --json: all objects one source)"),
     )),
 )
 
@@ -1006,7 +1033,8 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
     if max_bytes > max_line_bytes:
         raise UsageError(f"--multiline-max-bytes {max_bytes} is over --max-line-bytes "
                          f"{max_line_bytes}: raise --max-line-bytes too")
-    structured = bool(opt.get("json") or opt.get("journal"))
+    structured = bool(opt.get("json") or opt.get("journal") or opt.get("docker")
+                      or opt.get("cri"))
     for key in opt["multiline_source"] or ():
         utf8(key, "--multiline-source")
     return Multiline(
@@ -1016,7 +1044,8 @@ def multiline_from(opt: dict, max_line_bytes: int) -> Multiline | None:
         max_bytes=max_bytes,
         timeout=opt["multiline_timeout"],
         sources=None if not structured else opt["multiline_source"] or (
-            JOURNAL_SOURCE_KEYS if opt.get("journal") else ()))
+            JOURNAL_SOURCE_KEYS if opt.get("journal")
+            else CONTAINER_SOURCE_KEYS if opt.get("docker") or opt.get("cri") else ()))
 
 
 # Keys zmqpush writes itself, or that Logstash gives a meaning: "@metadata" must
@@ -1117,7 +1146,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         zmq_bytes=zmq_queue_bytes(bool(opt["batch"]), bool(replay_bytes)),
         max_line_bytes=max_line_bytes,
         read_bytes=batch_bytes if opt["batch"] else DEFAULT_READ_BYTES,
-        parses=bool(opt.get("json") or opt.get("journal")),
+        parses=bool(opt.get("json") or opt.get("journal") or opt.get("docker")
+                    or opt.get("cri")),
         joining_bytes=(MEMORY_PER_HELD_BYTE * MULTILINE_SOURCE_BYTES
                        if multiline is not None and multiline.sources is not None else 0))
     if not opt["spool"]:
@@ -1218,8 +1248,12 @@ def structured_options(opt: dict) -> dict:
         raise UsageError("--json-message-key: give the key whose value becomes \"message\"")
     if key is not None:
         utf8(key, "--json-message-key")
-    return {"structured": structured, "json_target": target, "json_message_key": key,
-            "json_overwrite": opt["json_overwrite"]}
+    container = "docker" if opt["docker"] else "cri" if opt["cri"] else None
+    for spec in opt["field"] if container else ():
+        if spec.partition("=")[0] in CONTAINER_FIELDS:
+            raise UsageError(f"field {spec.partition('=')[0]!r}: --{container} writes it")
+    return {"structured": structured, "container": container, "json_target": target,
+            "json_message_key": key, "json_overwrite": opt["json_overwrite"]}
 
 
 def replay_default(opt: dict, spool_bytes: int) -> int:
@@ -2225,9 +2259,10 @@ class JsonEncoder(EncoderBase):
                  timestamp: bool = False, *, run_id: str | None = None,
                  array_bytes: int = DEFAULT_READ_BYTES, counters: Counters | None = None,
                  target: str | None = None, message_key: str | None = None,
-                 overwrite: bool = False):
+                 overwrite: bool = False, checked: frozenset = frozenset()):
         """As Encoder; counters get the failures; target, message_key and
-        overwrite are --json-target, --json-message-key and --json-overwrite."""
+        overwrite are --json-target, --json-message-key and --json-overwrite;
+        checked: reserved keys a stage before made valid (see Unwrapping)."""
         super().__init__(logtype, pid, batch, fields, timestamp, run_id=run_id,
                          array_bytes=array_bytes)
         self._counters = counters if counters is not None else Counters()
@@ -2239,7 +2274,7 @@ class JsonEncoder(EncoderBase):
         ours = {k.decode() for k, _ in fields} | {"type", "@pid", "@continues",
                                                    JSON_ERROR_KEY}
         self._watched = frozenset(ours | set(RESERVED_CHECKS)
-                                  | ({message_key} if message_key else set()))
+                                  | ({message_key} if message_key else set())) - checked
         self._cut = False  # the next line is the last piece of a line that was cut
         self._bulk_wait = 0  # chunks to parse line by line yet (see _parse_all)
 
@@ -3572,9 +3607,9 @@ class TextView:
     scan_of = None  # the rule's scan() as it is
 
     @staticmethod
-    def seen(chunk: bytes) -> tuple:
+    def seen(chunk: bytes, documents: list | None = None) -> tuple:
         """(what the rule sees of chunk's lines, one line each; their records,
-        or None where a record is the line seen)."""
+        or None where a record is the line seen).  Text has no documents."""
         return chunk, None
 
     @staticmethod
@@ -3662,14 +3697,15 @@ class Joiner:
                    for r in p.records + [t for t, _ in p.tentative]]
         return [raw(r) for r in sorted(records, key=self._view.order)]
 
-    def feed(self, chunk: bytes) -> list:
+    def feed(self, chunk: bytes, documents: list | None = None) -> list:
         """The output of chunk (whole lines, CR before newline already stripped
-        where it is to be).  While no source has an event pending, the rule's
+        where it is to be; documents: their parses, see ParsedLines, if a
+        stage made them).  While no source has an event pending, the rule's
         scan() over what the view sees of the lines finds the first that may
         begin one: the lines before it leave as they came, in one run."""
         self._call += 1
         out, now, view, scan = self._out, self.clock(), self._view, self._scan
-        seen, records = view.seen(chunk)
+        seen, records = view.seen(chunk, documents)
         pos, size, index = 0, len(seen), 0
         while pos < size:
             if not self._pending:
@@ -3916,14 +3952,17 @@ class ObjectView:
         self._sequence = 0
         self._call_records: list = []  # the records of the chunk being fed
 
-    def seen(self, chunk: bytes) -> tuple:
-        """(what the rule sees of chunk's lines, one line each; their records)."""
+    def seen(self, chunk: bytes, documents: list | None = None) -> tuple:
+        """(what the rule sees of chunk's lines, one line each; their records).
+        documents: the lines' parses if a stage made them (see ParsedLines)."""
         lines = chunk.split(b"\n")
         lines.pop()
         first = self._sequence
         self._sequence += len(lines)
         self.done()
-        records = self._call_records = self._records(chunk, lines, first)
+        records = self._call_records = (
+            self._records(chunk, lines, first) if documents is None
+            else list(map(self._parsed_record, lines, documents, itertools.count(first))))
         if None not in map(_MESSAGE_OF, records):  # the common case: objects with messages
             seen = "\n".join(map(_MESSAGE_OF, records))
             if seen.count("\n") >= len(records):  # a message's own newlines: seen as spaces
@@ -3960,6 +3999,15 @@ class ObjectView:
                     continue
             records.append(self._record(raw, sequence))
         return records
+
+    def _parsed_record(self, line: bytes, document, sequence: int) -> list:
+        """The record of a line whose parse a stage made (None: parse it)."""
+        if document is None:
+            return self._record(line, sequence)
+        obj = document[1]
+        message = self._message(obj)
+        source = tuple(map(_source_value, map(obj.get, self._keys))) if self._keys else ()
+        return [line, message, document, source, message is None, sequence]
 
     def done(self):
         """The end of a call to feed(): the lines it took keep no parse (those
@@ -4012,10 +4060,7 @@ class ObjectView:
             obj = None
         if type(obj) is not dict or text[end:].strip(_JSON_SPACE):
             return [line, None, None, _TEXT_SOURCE, False, sequence]
-        source = tuple(map(_source_value, map(obj.get, self._keys))) if self._keys else ()
-        message = self._message(obj)
-        document = (text, obj, end, len(text) == len(decoded))
-        return [line, message, document, source, message is None, sequence]
+        return self._parsed_record(line, (text, obj, end, len(text) == len(decoded)), sequence)
 
     def _message(self, obj: dict) -> str | None:
         """The message of a parsed line, as the encoder reads it, or None."""
@@ -4304,11 +4349,12 @@ class Replies:
 # --------------------------------------------------------------- pipeline --
 # Owns what happens to the bytes StdinReader read, built once at start-up from
 # the options (build_pipeline): framing (LineFramer) -> the stages the options
-# ask for (Joining) -> one encoder -> one sink (ByteQueue or SpoolQueue, alike
-# to it).  The plain path has no stage: framing goes straight into the bulk
-# encoder.  A stage takes and gives items (Segment, Joined) that say how many
-# lines they carry and how many were held; --confirm around stages is the
-# Ledger; the one quiet timer of the stages that hold lines is StagedPipeline's.
+# ask for (Unwrapping container logs, Joining) -> one encoder -> one sink
+# (ByteQueue or SpoolQueue, alike to it).  The plain path has no stage: framing
+# goes straight into the bulk encoder.  A stage takes and gives items (Segment,
+# ParsedLines, Joined) that say how many lines they carry and how many were
+# held; --confirm around stages is the Ledger; the one quiet timer of the
+# stages that hold lines is StagedPipeline's.
 
 class Pipeline:
     """The plain path: framing, the encoder and the sink, no stage.
@@ -4446,6 +4492,306 @@ class Pipeline:
             await self._replies.reply(True, parcel.ends_line.count(True))
 
 
+def docker_entry(line: bytes) -> tuple | None:
+    """(log, stream, time) of a Docker json-file line, or None if it is not
+    one: a JSON object whose "log" and "stream" are strings and "time" an
+    ISO 8601 time."""
+    try:
+        text = line.decode("utf-8").lstrip(_JSON_SPACE)
+        obj, end = _scan_json(text, 0)
+    except (UnicodeDecodeError, ValueError, StopIteration, RecursionError):
+        return None
+    if type(obj) is not dict or text[end:].strip(_JSON_SPACE):
+        return None
+    log, stream, when = obj.get("log"), obj.get("stream"), obj.get("time")
+    if type(log) is not str or type(stream) is not str or not iso8601_time(when):
+        return None
+    return log, stream, when
+
+
+def cri_entry(line: bytes) -> tuple | None:
+    """(message, stream, time, partial) of a CRI log line (TIME STREAM TAG
+    MESSAGE, TAG P for a partial piece, F for a full line or the last piece,
+    other tags after a ":"), or None if it is not one; message as bytes."""
+    parts = line.split(b" ", 3)
+    if len(parts) < 3:
+        return None
+    tag = parts[2].split(b":", 1)[0]
+    try:
+        when, stream = parts[0].decode("ascii"), parts[1].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if tag not in (b"P", b"F") or not stream or not iso8601_time(when):
+        return None
+    return (parts[3] if len(parts) == 4 else b""), stream, when, tag == b"P"
+
+
+def utf8_cut(data: bytes, most: int) -> int:
+    """Where to end a piece of data of at most `most` (>= 4) bytes: not inside
+    a UTF-8 character."""
+    cut = most
+    while cut > most - 3 and 0x80 <= data[cut] < 0xC0:
+        cut -= 1
+    return cut if not 0x80 <= data[cut] < 0xC0 else most
+
+
+class _Partial:
+    """A stream's partial entry: its pieces (str from Docker, bytes from CRI),
+    their UTF-8 length, the first piece's time, the raw lines they came in
+    (kept for --confirm only) and when the last came (the clock's time)."""
+
+    __slots__ = ("count", "last", "pieces", "raw", "size", "when")
+
+    def __init__(self, when: str):
+        self.pieces: list = []
+        self.size = 0
+        self.count = 0
+        self.when = when
+        self.raw: list = []
+        self.last = 0.0
+
+
+class Unwrapping:
+    """The container stage (--docker, --cri): takes the framer's Segments of
+    envelope lines, gives ParsedLines (see JsonEncoder.encode_parsed) whose
+    lines are the events' objects as JSON: {"message": the app's line
+    without the runtime's newline, "stream": ..., "@timestamp": the
+    runtime's time}.  Each envelope is parsed once; with app_json (--json on
+    top) the app's line once more: an object is the event (under target,
+    its message_key's string the message), "stream" and the runtime's time
+    added ("@timestamp", or "@runtime_time" when the app's own "@timestamp"
+    is an ISO 8601 time; an app's "stream" kept as "_stream", an invalid
+    "@timestamp" as "_@timestamp"), any other line marked as --json marks it.
+
+    A partial entry (Docker: a "log" without its newline; CRI: tag P) is
+    held per stream until its last piece, CONTAINER_PARTIAL_QUIET seconds
+    without one, or flush(); past max_line_bytes its message leaves in
+    pieces marked "@continues":true.  A line that is not an entry leaves
+    as its text, marked ("tags":["_jsonparsefailure"], "@json_error"), and
+    is counted in json_failures.  Pieces of an envelope line over the
+    framer's limit pass as they are (the encoder marks them)."""
+
+    def __init__(self, runtime: str, max_line_bytes: int, counters: Counters, *,
+                 app_json: bool = False, target: str | None = None,
+                 message_key: str | None = None, keep_raw: bool = False,
+                 clock=time.monotonic):
+        self._entry = docker_entry if runtime == "docker" else cri_entry
+        self._docker = runtime == "docker"
+        self._widest = 4 if self._docker else 1  # UTF-8 bytes a str or bytes item may take
+        self._what = ("not a Docker json-file entry" if self._docker
+                      else "not a CRI log line")
+        self._max = max_line_bytes
+        self._counters = counters
+        self._app_json = app_json
+        self._target = target
+        self._message_key = message_key
+        self._keep_raw = keep_raw
+        self._clock = clock
+        self._partials: dict = {}  # stream: _Partial, in the order they began
+        self._held = 0  # raw lines in the partial entries
+        self._tail_due = False  # the next line is the last piece of a framed line
+
+    def feed(self, items: list) -> list:
+        out, lines, documents = [], [], []
+        for item in items:
+            seg = item
+            if seg.continues or self._tail_due:
+                self._close_run(out, lines, documents)
+                lines, documents = [], []
+                self._tail_due = seg.continues
+                if seg.continues:
+                    out.append(seg)
+                    continue
+                last_piece, seg = seg.split(1)
+                out.append(last_piece._replace(strip_cr=False))
+                if seg is None:
+                    continue
+            chunk = seg.lines
+            if seg.strip_cr and 0x0D in chunk:
+                chunk = chunk.replace(b"\r\n", b"\n")
+            raws = chunk.split(b"\n")
+            raws.pop()
+            for raw in raws:
+                self._take(raw, lines, documents)
+        self._close_run(out, lines, documents)
+        return out
+
+    def flush(self) -> list:
+        """Every partial entry, now, as it is."""
+        return self._release(lambda partial: True)
+
+    def flush_due(self, now: float) -> list:
+        """The partial entries whose last piece came CONTAINER_PARTIAL_QUIET
+        before now (the loop's time) or earlier."""
+        return self._release(lambda partial: partial.last + CONTAINER_PARTIAL_QUIET
+                             <= now + MIN_WINDOW)
+
+    def deadline(self) -> float | None:
+        """When the first partial entry is due, or None: none held."""
+        if not self._partials:
+            return None
+        return min(p.last for p in self._partials.values()) + CONTAINER_PARTIAL_QUIET
+
+    def held(self) -> int:
+        """Raw lines held in partial entries."""
+        return self._held
+
+    def holding(self) -> list:
+        """The raw lines held (with keep_raw), oldest first by entry."""
+        return [raw for partial in self._partials.values() for raw in partial.raw]
+
+    def _release(self, due) -> list:
+        lines, documents = [], []
+        for stream, partial in list(self._partials.items()):
+            if due(partial):
+                self._end(stream, lines, documents)
+        out: list = []
+        self._close_run(out, lines, documents)
+        return out
+
+    @staticmethod
+    def _close_run(out: list, lines: list, documents: list):
+        if lines:
+            out.append(ParsedLines(b"".join(lines), documents))
+
+    def _take(self, raw: bytes, lines: list, documents: list):
+        """One envelope line: its event added to lines and documents, or held."""
+        entry = self._entry(raw)
+        if entry is None:
+            self._counters.json_failures += 1
+            self._add({"message": raw.decode("utf-8", "replace"), "tags": [JSON_FAILURE_TAG],
+                       JSON_ERROR_KEY: self._what}, lines, documents)
+            return
+        if self._docker:
+            message, stream, when = entry
+            partial = not message.endswith("\n")
+            if not partial:
+                message = message[:-1]
+        else:
+            message, stream, when, partial = entry
+        held = self._partials.get(stream)
+        if held is None and not partial and len(message) * self._widest <= self._max:
+            self._add(self._event(message, stream, when), lines, documents)
+            return  # the common case: a whole entry that fits
+        if held is None:
+            held = self._partials[stream] = _Partial(when)
+            while len(self._partials) > CONTAINER_STREAMS:
+                self._end(next(iter(self._partials)), lines, documents)
+        held.pieces.append(message)
+        held.size += len(message) if isinstance(message, bytes) else len(
+            message.encode("utf-8", "surrogatepass"))
+        held.last = self._clock()
+        held.count += 1
+        self._held += 1
+        if self._keep_raw:
+            held.raw.append(raw)
+        if held.size > self._max:
+            self._cut(stream, held, lines, documents)
+        if not partial:
+            self._end(stream, lines, documents)
+
+    def _cut(self, stream: str, held: _Partial, lines: list, documents: list):
+        """held's message while over max_line_bytes: pieces marked continues."""
+        data = b"".join(held.pieces) if isinstance(held.pieces[0], bytes) else "".join(
+            held.pieces).encode("utf-8", "surrogatepass")
+        while len(data) > self._max:
+            cut = utf8_cut(data, self._max)
+            self._add(self._event(self._text(data[:cut]), stream, held.when, cut=True),
+                      lines, documents)
+            data = data[cut:]
+        held.pieces = [data if isinstance(held.pieces[0], bytes)
+                       else data.decode("utf-8", "surrogatepass")]
+        held.size = len(data)
+
+    def _end(self, stream: str, lines: list, documents: list):
+        """A stream's partial entry leaves as one event (or as its last piece)."""
+        held = self._partials.pop(stream)
+        self._held -= held.count
+        message = held.pieces[0][:0].join(held.pieces)
+        self._add(self._event(message, stream, held.when), lines, documents)
+
+    @staticmethod
+    def _text(message) -> str:
+        """A message as text: invalid UTF-8 (CRI) as U+FFFD."""
+        return message.decode("utf-8", "replace") if isinstance(message, bytes) else message
+
+    def _event(self, message, stream: str, when: str, cut: bool = False) -> dict:
+        """The event of an entry's message (see the class)."""
+        message = self._text(message)
+        if self._app_json and not cut:
+            obj, why = self._app_object(message)
+            if obj is not None:
+                return self._app_event(obj, stream, when)
+            self._counters.json_failures += 1
+            return {"message": message, "stream": stream, "@timestamp": when,
+                    "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: why}
+        event = {"message": message, "stream": stream, "@timestamp": when}
+        if cut:
+            event["@continues"] = True
+        return event
+
+    @staticmethod
+    def _app_object(message: str) -> tuple:
+        """(object, None) if message is a JSON object zmqpush can send, else
+        (None, why) in the words of --json's "@json_error"."""
+        text = message.lstrip(_JSON_SPACE)
+        try:
+            obj, end = _scan_json(text, 0)
+        except (ValueError, StopIteration, RecursionError) as exc:
+            return None, _json_failure(exc)
+        if text[end:].strip(_JSON_SPACE):
+            return None, "not JSON"
+        if type(obj) is not dict:
+            return None, "not a JSON object"
+        if text.count("{") + text.count("[") > MAX_JSON_DEPTH and json_depth(obj) > MAX_JSON_DEPTH:
+            return None, f"nested deeper than {MAX_JSON_DEPTH}"
+        if may_hold_bracket_key(text) and bracket_key(obj):
+            return None, BRACKET_KEY_REFUSAL
+        return obj, None
+
+    def _app_event(self, obj: dict, stream: str, when: str) -> dict:
+        """The app's object as the event, with the runtime's stream and time."""
+        key = self._message_key
+        message = obj.pop(key) if key and isinstance(obj.get(key), str) else None
+        event = {self._target: obj} if self._target is not None else obj
+        if message is not None:
+            event["message"] = message
+        if "stream" in event:
+            event["_stream"] = event.pop("stream")
+        event["stream"] = stream
+        fixes = fix_reserved(event)  # an invalid "@timestamp" goes to "_@timestamp"
+        if "@timestamp" in event:
+            event["@runtime_time"] = when
+        else:
+            event["@timestamp"] = when
+        if fixes:
+            event[JSON_ERROR_KEY] = "; ".join(fixes)
+            self._counters.json_fixed += 1
+        return event
+
+    def _add(self, event: dict, lines: list, documents: list):
+        """event as a JSON line and its parse; a value JSON cannot carry (a
+        lone surrogate, a number out of range) leaves it as its message."""
+        try:
+            text = _dump_json(event)
+            line = text.encode("utf-8")
+        except (ValueError, UnicodeEncodeError, RecursionError) as exc:
+            message = event.get("message")
+            safe = {"message": message.encode("utf-8", "surrogatepass").decode(
+                        "utf-8", "replace") if isinstance(message, str) else "",
+                    "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: (
+                        "lone surrogate" if isinstance(exc, UnicodeEncodeError)
+                        else NUMBER_OUT_OF_RANGE)}
+            for key in ("stream", "@timestamp"):
+                if key in event:
+                    safe[key] = event[key]
+            self._counters.json_failures += 1
+            text = _dump_json(safe)
+            line = text.encode("utf-8")
+        lines.append(line + b"\n")
+        documents.append((text, event, len(text), True))
+
+
 class Joining:
     """The joining stage (--multiline, --multiline-pattern): a Joiner (with
     --json or --journal, its ObjectView).  Takes the framer's Segments, gives
@@ -4464,6 +4810,9 @@ class Joining:
             if seg.continues:  # a piece of an over-long line: the event before it ends
                 out += joiner.flush()
                 out.append(seg)
+                continue
+            if type(seg) is ParsedLines:  # parsed by a stage before (Unwrapping)
+                out += joiner.feed(seg.lines, seg.documents)
                 continue
             chunk = seg.lines
             if seg.strip_cr and 0x0D in chunk:
@@ -4784,22 +5133,40 @@ class Ledger:
 def build_pipeline(config: Config, sink: ByteQueue, *, encoder, counters: Counters,
                    replies: Replies | None) -> Pipeline:
     """The reading pipeline the options ask for: the plain one, or with the
-    joining stage (and --confirm's Ledger around it).  Within the running loop."""
-    parts = dict(framer=LineFramer(config.max_line_bytes), encoder=encoder,
-                 counters=counters, replies=replies)
+    container stage and the joining stage (and --confirm's Ledger around
+    them).  Within the running loop."""
+    framed = (config.max_line_bytes if config.container is None
+              else max(config.max_line_bytes, CONTAINER_LINE_BYTES))
+    parts = dict(framer=LineFramer(framed), encoder=encoder, counters=counters,
+                 replies=replies)
     multiline = config.multiline
-    if multiline is None:
+    if multiline is None and config.container is None:
         return Pipeline(sink, **parts)
     clock = asyncio.get_running_loop().time
+    stages: list = []
+    if config.container is not None:
+        stages.append(Unwrapping(
+            config.container, config.max_line_bytes, counters,
+            app_json=config.structured == "json", target=config.json_target,
+            message_key=config.json_message_key, keep_raw=replies is not None, clock=clock))
+    if multiline is not None:
+        stages.append(Joining(joiner_for(config, multiline, counters, clock), multiline.timeout))
+    ledger = None if replies is None else Ledger(replies, sink.durable, counters)
+    sources = multiline is not None and multiline.sources is not None
+    return StagedPipeline(sink, stages, ledger=ledger,
+                          run_bytes=JSON_RUN_BYTES if sources or config.container else 0,
+                          **parts)
+
+
+def joiner_for(config: Config, multiline: Multiline, counters: Counters, clock):
+    """The Joiner, its view of a line the line itself, or the parsed object's
+    message and source when lines are parsed (--json, --journal, --docker, --cri)."""
     rule = joining_rule(multiline)
     view = TextView if multiline.sources is None else ObjectView(
-        multiline.sources, config.json_message_key, config.structured == "journal")
-    joiner = Joiner(rule, multiline.max_lines, multiline.max_bytes, counters, clock=clock,
-                    view=view)
-    ledger = None if replies is None else Ledger(replies, sink.durable, counters)
-    return StagedPipeline(sink, [Joining(joiner, multiline.timeout)], ledger=ledger,
-                          run_bytes=JSON_RUN_BYTES if multiline.sources is not None else 0,
-                          **parts)
+        multiline.sources, None if config.container else config.json_message_key,
+        config.structured == "journal")
+    return Joiner(rule, multiline.max_lines, multiline.max_bytes, counters, clock=clock,
+                  view=view)
 
 
 # ------------------------------------------------------------------ input --
@@ -7524,7 +7891,7 @@ class Reporter:
                     "cut": c.events_cut, "pushed_out": c.events_pushed_out}
                    if self._config.multiline is not None else {}),
                 **({"json_errors": c.json_failures, "json_fixed": c.json_fixed}
-                   if self._config.structured is not None else {})}
+                   if self._config.structured or self._config.container else {})}
 
     def _spool_values(self) -> dict:
         """The spool's figures: bytes and segments on disk, bytes not yet sent
@@ -8261,6 +8628,9 @@ class Shipper:
         args = (config.logtype, os.getpid(), config.batch, config.fields, config.timestamp)
         kwargs = {"array_bytes": config.array_bytes,
                   "run_id": os.urandom(8).hex() if config.event_ids else None}
+        if config.container is not None:  # Unwrapping made the objects: see there
+            return JsonEncoder(*args, counters=self.counters, overwrite=config.json_overwrite,
+                               checked=CONTAINER_CHECKED_KEYS, **kwargs)
         if config.structured is None:
             return Encoder(*args, **kwargs)
         if config.structured == "journal":

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Write a realistic log corpus: syslog-like lines of about 100 bytes, or with
---json the JSON lines of a structured logger (zap, structlog) of about 200.
+--json the JSON lines of a structured logger (zap, structlog) of about 200, or
+with --kind docker, cri the text lines as container runtimes write them.
 
 Most lines are plain ASCII; some carry quotes, tabs, backslashes, non-ASCII text,
 control characters or invalid UTF-8, as real logs do (JSON lines: escaped in the
@@ -40,10 +41,33 @@ def json_line(rnd: random.Random, n: int) -> bytes:
     return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def runtime_time(n: int) -> str:
+    """The runtime's time of line n, RFC 3339 with nanoseconds, as both write it."""
+    minutes, seconds = n // 60_000_000 % 60, n // 1_000_000 % 60
+    return f"2026-11-27T10:{minutes:02d}:{seconds:02d}.{n % 1_000_000:06d}123Z"
+
+
+def docker_line(rnd: random.Random, n: int) -> bytes:
+    """A text line as dockerd's json-file driver writes it (invalid UTF-8 as U+FFFD)."""
+    log = line(rnd, n).decode("utf-8", "replace") + "\n"
+    return json.dumps({"log": log, "stream": "stderr" if n % 10 == 0 else "stdout",
+                       "time": runtime_time(n)}, ensure_ascii=False,
+                      separators=(",", ":")).encode()
+
+
+def cri_line(rnd: random.Random, n: int) -> bytes:
+    """A text line as containerd's CRI logger writes it."""
+    stream = b"stderr" if n % 10 == 0 else b"stdout"
+    return runtime_time(n).encode() + b" " + stream + b" F " + line(rnd, n)
+
+
+KINDS = {"text": line, "json": json_line, "docker": docker_line, "cri": cri_line}
+
+
 def write_corpus(path: str, count: int, seed: int = 1, kind: str = "text") -> int:
-    """Write count lines (kind "text" or "json") to path; returns the byte size."""
+    """Write count lines (kind: one of KINDS) to path; returns the byte size."""
     rnd = random.Random(seed)
-    make = json_line if kind == "json" else line
+    make = KINDS[kind]
     with open(path, "wb") as out:
         out.write(b"".join(make(rnd, n) + b"\n" for n in range(count)))
         return out.tell()
@@ -54,6 +78,8 @@ if __name__ == "__main__":
     p.add_argument("path")
     p.add_argument("--lines", type=int, default=1_000_000)
     p.add_argument("--json", action="store_true", help="JSON lines of a structured logger")
+    p.add_argument("--kind", choices=tuple(KINDS), default="text",
+                   help="or text lines as Docker's json-file (docker) or CRI logs (cri) hold them")
     args = p.parse_args()
-    size = write_corpus(args.path, args.lines, kind="json" if args.json else "text")
+    size = write_corpus(args.path, args.lines, kind="json" if args.json else args.kind)
     print(f"{args.lines} lines, {size / args.lines:.0f} bytes/line", file=sys.stderr)

@@ -28,7 +28,9 @@ receiver instead, to check validity: its rates are then capped by that receiver.
 --multiline compares the plain mode with --multiline presets (joining on).
 --corpus json ships JSON lines of a structured logger (bench/corpus.py --json)
 instead, and adds the rows of zmqpush --json (README "Structured logs"): each
-line parsed and merged into its event.
+line parsed and merged into its event.  --corpus docker and --corpus cri ship the
+text lines as Docker's json-file driver and containerd's CRI logger write them,
+plain (each envelope line sent as text) against --docker or --cri.
 """
 import argparse
 import os
@@ -89,6 +91,18 @@ def rows(args, cship: str, certs: str) -> dict:
             "zmqpush --json": [*zmqpush, "--json", "-c", "ENDPOINT"],
             "zmqpush --batch": [*zmqpush, "--batch", "-c", "ENDPOINT"],
             "zmqpush --batch --json": [*zmqpush, "--batch", "--json", "-c", "ENDPOINT"],
+        }
+    if args.corpus in ("docker", "cri"):
+        mode = f"--{args.corpus}"
+        return {
+            C_LINE: [cship, "ENDPOINT"],
+            C_ARRAY: [cship, "ENDPOINT", "--array"],
+            "zmqpush": [*zmqpush, "-c", "ENDPOINT"],
+            f"zmqpush {mode}": [*zmqpush, mode, "-c", "ENDPOINT"],
+            f"zmqpush {mode} --multiline python,java,go,ruby": [
+                *zmqpush, mode, "--multiline", "python,java,go,ruby", "-c", "ENDPOINT"],
+            "zmqpush --batch": [*zmqpush, "--batch", "-c", "ENDPOINT"],
+            f"zmqpush --batch {mode}": [*zmqpush, "--batch", mode, "-c", "ENDPOINT"],
         }
     return {
         C_LINE: [cship, "ENDPOINT"],
@@ -180,8 +194,9 @@ def main() -> int:
     p.add_argument("--multiline", action="store_true",
                    help="zmqpush plain against --multiline presets on the same corpus "
                    "(README \"Multi-line events\")")
-    p.add_argument("--corpus", choices=("text", "json"), default="text",
-                   help="syslog-like text lines (default), or JSON lines with --json rows")
+    p.add_argument("--corpus", choices=("text", "json", "docker", "cri"), default="text",
+                   help="syslog-like text lines (default), or JSON lines with --json rows, "
+                   "or text lines as container runtimes write them with --docker or --cri rows")
     args = p.parse_args()
     args.validate = args.validate or args.curve
     with tempfile.TemporaryDirectory() as tmp:
