@@ -159,7 +159,7 @@ MEMORY_PER_HELD_BYTE = 4
 # runtimes write the pieces of a line at once), and the longest envelope line
 # framed whole (a 16 KiB piece of control characters is 96 KiB escaped).
 CONTAINER_SOURCE_KEYS = ("stream",)
-CONTAINER_FIELDS = ("stream", "_stream", "@runtime_time")  # besides message and @timestamp
+CONTAINER_FIELDS = ("stream", "@runtime_time")  # besides message and @timestamp
 # The keys of Logstash's (see RESERVED_CHECKS) whose values the container stage
 # makes valid itself, and the key it marks with: the encoder splices its events
 # (not "@metadata", which --event-id's must merge with).
@@ -4560,7 +4560,7 @@ class Unwrapping:
     top) the app's line once more: an object is the event (under target,
     its message_key's string the message), "stream" and the runtime's time
     added ("@timestamp", or "@runtime_time" when the app's own "@timestamp"
-    is an ISO 8601 time; an app's "stream" kept as "_stream", an invalid
+    is an ISO 8601 time; an app's "stream" kept under REPLACED_KEY, an invalid
     "@timestamp" as "_@timestamp"), any other line marked as --json marks it.
 
     A partial entry (Docker: a "log" without its newline; CRI: tag P) is
@@ -4756,10 +4756,8 @@ class Unwrapping:
         event = {self._target: obj} if self._target is not None else obj
         if message is not None:
             event["message"] = message
-        if "stream" in event:
-            event["_stream"] = event.pop("stream")
-        event["stream"] = stream
         fixes = fix_reserved(event)  # an invalid "@timestamp" goes to "_@timestamp"
+        event = merged_event(event, {"stream": stream}, False)  # an app's own: REPLACED_KEY
         if "@timestamp" in event:
             event["@runtime_time"] = when
         else:

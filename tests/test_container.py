@@ -234,7 +234,7 @@ def test_json_on_top_merges_the_apps_objects(receiver, written):
     assert timed["@timestamp"] == "2026-11-27T10:00:00.000Z"
     assert zmqpush.iso8601_time(timed["@runtime_time"])
     other = next(e for e in events if e.get("level") == "warn")
-    assert other["_stream"] == "app" and other["stream"] == "stdout"
+    assert other["@json_replaced"] == {"stream": "app"} and other["stream"] == "stdout"
     assert other["message"] == "no time" and zmqpush.iso8601_time(other["@timestamp"])
     text = [e for e in events if e.get("level") is None]
     assert len(text) == len(STDOUT) + len(STDERR) - 2
