@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def docker(sock: Path, *args, timeout: float = 120) -> subprocess.CompletedProce
 
 def written_once(tmp_path_factory, name: str, write) -> bytes:
     """The file write(directory) returns, written once for the whole run (every
-    xdist worker takes the first one's): one dockerd and one go build a run."""
+    xdist worker takes the first one's): one dockerd and one podman run a run."""
     shared = run_lock_directory(tmp_path_factory)
     path = shared / f"container-{name}.log"
     with open(shared / f"container-{name}.lock", "a+b") as lock:
@@ -152,8 +153,9 @@ def succeeds(command: list, env: dict):
 
 def podman_writes(base: Path) -> bytes:
     """SCRIPT run in a container of podman (rootful, its storage, run and temp
-    directories in base, removed after): conmon's k8s-file log, the CRI format."""
-    storage, log = base / "podman", base / "0.log"
+    directories in a directory of /tmp, removed after: podman refuses a run root
+    over 50 characters): conmon's k8s-file log, the CRI format."""
+    storage, log = Path(tempfile.mkdtemp(prefix="zmqpush-podman-", dir="/tmp")), base / "0.log"
     podman = [PODMAN, "--root", str(storage / "root"), "--runroot", str(storage / "run"),
               "--tmpdir", str(storage / "tmp"), "--network-config-dir", str(storage / "net"),
               "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
