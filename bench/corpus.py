@@ -56,7 +56,7 @@ def docker_line(rnd: random.Random, n: int) -> bytes:
 
 
 def cri_line(rnd: random.Random, n: int) -> bytes:
-    """A text line as containerd's CRI logger writes it."""
+    """A text line as CRI runtimes (containerd, conmon) write it."""
     stream = b"stderr" if n % 10 == 0 else b"stdout"
     return runtime_time(n).encode() + b" " + stream + b" F " + line(rnd, n)
 

@@ -29,7 +29,7 @@ receiver instead, to check validity: its rates are then capped by that receiver.
 --corpus json ships JSON lines of a structured logger (bench/corpus.py --json)
 instead, and adds the rows of zmqpush --json (README "Structured logs"): each
 line parsed and merged into its event.  --corpus docker and --corpus cri ship the
-text lines as Docker's json-file driver and containerd's CRI logger write them,
+text lines as Docker's json-file driver and CRI runtimes write them,
 plain (each envelope line sent as text) against --docker or --cri.
 """
 import argparse

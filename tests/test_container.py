@@ -1,11 +1,10 @@
 """Container logs (--docker, --cri, README "Structured logs"): files the real
 writers produced.  Docker's json-file by a private dockerd (Debian's docker.io,
 its own data and exec roots and socket, no network, no registry: a busybox
-image imported from busybox-static); CRI lines by containerd's own CRI logger
-(tests/cri_logger: pkg/cri/io/logger.go of containerd v1.6.20, as Debian's
-containerd, built against Debian's golang-github-containerd-containerd-dev,
-wired as containerd's CRI plugin wires a container).  Both run the same shell
-script; the stage is also fed directly."""
+image imported from busybox-static); CRI lines by conmon, the monitor of CRI-O
+and podman (Debian's podman, rootful, its storage in a temp directory, its
+k8s-file log driver, the same image).  Both run the same shell script; the
+stage is also fed directly."""
 import asyncio
 import fcntl
 import json
@@ -14,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from conftest import run, run_lock_directory, wait_until
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmqpush
 
-LONG = 20000  # over the runtimes' 16 KiB pieces
+LONG = 20000  # over dockerd's 16 KiB pieces (conmon's are at most 8 KiB)
 # The app's JSON lines; an app "stream" and a valid "@timestamp" of its own.
 APP_TIMED = '{"level":"info","msg":"json line","@timestamp":"2026-11-27T10:00:00.000Z"}'
 APP_STREAM = '{"level":"warn","msg":"no time","stream":"app"}'
@@ -36,7 +36,7 @@ echo 'plain line'
 echo
 head -c {LONG} /dev/zero | tr '\\0' x; echo
 yes é | head -n {LONG} | tr -d '\\n'; echo
-printf 'x'; yes é | head -n {LONG} | tr -d '\\n'; echo
+{{ printf 'x'; yes é | head -n {LONG} | tr -d '\\n'; echo; }} > /odd; cat /odd
 echo '{APP_TIMED}'
 echo '{APP_STREAM}'
 echo 'panic: oops' >&2
@@ -54,7 +54,9 @@ STDOUT = ["plain line", "", "x" * LONG, "é" * LONG, "x" + "é" * LONG, APP_TIME
           "between the trace lines", "last line, no newline"]
 STDERR = TRACE.split("\n")
 DOCKER = "/usr/bin/docker"
-PIECE = 16384  # the runtimes' piece size
+PODMAN = "/usr/bin/podman"
+PIECE = 16384  # dockerd's piece size
+CONMON_BUFFER = 8192  # conmon's read buffer: its pieces' most
 
 
 def stdout_of(runtime: str) -> list:
@@ -74,7 +76,7 @@ def busybox_image(path: Path):
     root = path / "image"
     (root / "bin").mkdir(parents=True)
     shutil.copy("/bin/busybox", root / "bin" / "busybox")
-    for applet in ("sh", "echo", "printf", "head", "tr", "yes", "sleep"):
+    for applet in ("sh", "echo", "printf", "head", "tr", "yes", "sleep", "cat"):
         os.symlink("busybox", root / "bin" / applet)
     with tarfile.open(path / "image.tar", "w") as tar:
         tar.add(root, arcname=".")
@@ -88,7 +90,7 @@ def docker(sock: Path, *args, timeout: float = 120) -> subprocess.CompletedProce
 
 def written_once(tmp_path_factory, name: str, write) -> bytes:
     """The file write(directory) returns, written once for the whole run (every
-    xdist worker takes the first one's): one dockerd and one go build a run."""
+    xdist worker takes the first one's): one dockerd and one podman run a run."""
     shared = run_lock_directory(tmp_path_factory)
     path = shared / f"container-{name}.log"
     with open(shared / f"container-{name}.lock", "a+b") as lock:
@@ -108,8 +110,8 @@ def docker_log(tmp_path_factory) -> bytes:
 
 @pytest.fixture(scope="module")
 def cri_log(tmp_path_factory) -> bytes:
-    """SCRIPT's output as containerd's CRI logger wrote it (16 KiB pieces, its default)."""
-    return written_once(tmp_path_factory, "cri", cri_logger_writes)
+    """SCRIPT's output as conmon wrote it (pieces of at most 8 KiB: its read buffer)."""
+    return written_once(tmp_path_factory, "cri", podman_writes)
 
 
 def dockerd_writes(base: Path) -> bytes:
@@ -143,16 +145,33 @@ def dockerd_writes(base: Path) -> bytes:
         log.close()
 
 
-def cri_logger_writes(base: Path) -> bytes:
-    """SCRIPT run with containerd's CRI logger (built in base) writing its output."""
-    source = Path(__file__).resolve().parent / "cri_logger"
-    env = {**os.environ, "GO111MODULE": "off", "GOFLAGS": "",
-           "GOPATH": f"{source}:/usr/share/gocode"}  # go's own build cache, outside the checkout
-    subprocess.run(["go", "build", "-o", str(base / "crilog"), "."],
-                   cwd=source / "src" / "crilog", env=env, check=True, timeout=600)
-    subprocess.run([str(base / "crilog"), str(base / "0.log"), "16384", "/bin/sh", "-c", SCRIPT],
-                   check=True, timeout=60)
-    return (base / "0.log").read_bytes()
+def succeeds(command: list, env: dict):
+    """Run command; fail with its stderr if it fails."""
+    result = subprocess.run(command, capture_output=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+
+
+def podman_writes(base: Path) -> bytes:
+    """SCRIPT run in a container of podman (rootful, its storage, run and temp
+    directories in a directory of /tmp, removed after: podman refuses a run root
+    over 50 characters): conmon's k8s-file log, the CRI format."""
+    storage, log = Path(tempfile.mkdtemp(prefix="zmqpush-podman-", dir="/tmp")), base / "0.log"
+    podman = [PODMAN, "--root", str(storage / "root"), "--runroot", str(storage / "run"),
+              "--tmpdir", str(storage / "tmp"), "--network-config-dir", str(storage / "net"),
+              "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
+              "--events-backend", "file"]
+    env = {**os.environ, "TMPDIR": str(base)}
+    try:
+        succeeds([*podman, "import", str(busybox_image(base)), "zmqpush-busybox:test"], env)
+        # podman's default limits (nofile 1048576, nproc 4194304) can be over the hard
+        # limits where the tests run: runc cannot set them
+        succeeds([*podman, "run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024",
+                  "--ulimit", "nproc=1024:1024",
+                  "--log-driver", "k8s-file", "--log-opt", f"path={log}",
+                  "zmqpush-busybox:test", "/bin/sh", "-c", SCRIPT], env)
+        return log.read_bytes()
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
 
 
 def ship(receiver, data: bytes, *args, expected: int) -> list:
@@ -200,7 +219,15 @@ def test_the_writers_split_long_lines_and_keep_blank_ones(docker_log, cri_log):
     assert {"log": "\n", "stream": "stdout"}.items() <= docker_lines[1].items()
     assert any(len(entry["log"]) == 16384 and not entry["log"].endswith("\n")
                for entry in docker_lines)
-    assert b" stdout P " in cri_log and b" stdout F \n" in cri_log
+    cri_lines = [line.split(b" ", 3) for line in cri_log.splitlines()]
+    assert [b"stdout", b"F", b""] in [parts[1:] for parts in cri_lines]
+    assert max(len(parts[3]) for parts in cri_lines) <= CONMON_BUFFER  # its read buffer
+    assert sum(parts[1:3] == [b"stdout", b"P"] for parts in cri_lines) >= 2 + 4 + 4  # LONG, 2 LONG
+    # the x-then-é line written at once (cat): conmon reads it in whole pipe pages, an
+    # even number of bytes, so its cuts fall inside characters
+    assert any(parts[2] == b"P" and parts[3].endswith(b"\xc3") for parts in cri_lines)
+    assert [parts for parts in cri_lines if parts[1] == b"stdout"][-1][2:] == \
+        [b"P", b"last line, no newline"]  # no newline: no F ever
     for data in (docker_log, cri_log):  # the stdout line between the trace's lines
         goroutine, between, main = (data.index(text) for text in (
             b"goroutine 1", b"between the trace", b"main.main()"))
