@@ -576,7 +576,6 @@ def test_an_empty_environment_twin_never_turns_security_off(name, value):
     assert "is empty" in lines[0], lines
 
 
-@pytest.mark.alone
 def test_a_peer_announcing_a_huge_handshake_frame_is_dropped_unbuffered(certs):
     """A refused or keyless peer cannot make zmqpush hold what it sends: a PUSH
     socket only receives handshake commands, and larger frames end the peer."""
