@@ -49,6 +49,14 @@ def test_framer_keeps_the_unfinished_line_and_cuts_long_ones():
     assert framer.finish() == []
 
 
+def test_framer_never_cuts_between_a_cr_and_what_follows_it():
+    """A cut that would end a piece with CR ends it one byte sooner: the CR goes
+    with what follows it (a CRLF split across pieces would keep its CR)."""
+    framer = zmqpush.LineFramer(8)
+    assert [(s.lines, s.continues) for s in framer.feed(b"abcdefg\rhij\n")] == [
+        (b"abcdefg\n", True), (b"\rhij\n", False)]
+
+
 # ------------------------------------------------------------------ joiner --
 
 def test_python_rule_joins_a_trace_between_plain_lines():
