@@ -102,6 +102,17 @@ def test_joiner_cuts_at_its_line_cap_and_says_held_lines():
     assert lines_of(out) == [("line", TRACE[3], 1, False)] and out[0].held == 1
 
 
+def test_joiner_holds_no_tentative_line_past_its_line_cap():
+    """Blank lines after a Go panic are held until the next line tells; the
+    pending event and those held lines together stay within --multiline-max-lines:
+    one more and the event ends, the held lines leaving as lines of their own."""
+    join = joiner(zmqpush.GoRule(), max_lines=3)
+    assert join.feed(chunk([b"panic: x", b"", b""])) == [] and join.pending() == 3
+    out = join.feed(chunk([b""]))
+    assert lines_of(out) == [("line", b"panic: x", 1, False)] + [("line", b"", 1, False)] * 3
+    assert join.pending() == 0
+
+
 def test_joiner_quiet_timer_is_its_last_line_plus_the_timeout():
     now = [10.0]
     join = joiner(zmqpush.PythonRule(), clock=lambda: now[0])
