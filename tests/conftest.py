@@ -93,9 +93,10 @@ def alone(item) -> bool:
     return item.get_closest_marker("alone") is not None
 
 
-# Modules whose tests take longest (crash loops, receivers and rsyslogd restarted: up to
-# 2 minutes each on a loaded machine) go first, so that they do not end the run alone.
-LONGEST_FIRST = ("test_replay.py", "test_spool.py", "test_confirm_restart.py",
+# Modules whose tests take longest (crash loops, receivers and rsyslogd restarted, peak
+# RSS under large inputs: up to 2 minutes each on a loaded machine) go first, so that
+# they do not end the run alone.
+LONGEST_FIRST = ("test_replay.py", "test_spool.py", "test_memory.py", "test_confirm_restart.py",
                  "test_spool_limits.py", "test_spool_rsyslog.py")
 
 

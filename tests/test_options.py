@@ -236,3 +236,34 @@ def test_the_command_line_wins_over_the_twin():
 
 def test_make_cert_has_no_twin():
     assert zmqpush.parse_options([], {"ZMQPUSH_MAKE_CERT": "/nonexistent/x"}).bind == []
+
+
+def integer_bounds(option: zmqpush.Option) -> tuple | None:
+    """(low, high or None) of an option parsed as a bounded integer, from the
+    name its parser shows in usage errors; None for other options."""
+    name = getattr(option.parse, "__name__", "")
+    ranged = re.fullmatch(r"integer from (\d+) to (\d+)", name)
+    if ranged:
+        return int(ranged[1]), int(ranged[2])
+    if name == "positive integer":
+        return 1, None
+    least = re.fullmatch(r"integer of at least (\d+)", name)
+    return (int(least[1]), None) if least else None
+
+
+def test_integer_options_take_their_bounds_and_refuse_one_past_them():
+    checked = 0
+    for option in zmqpush.OPTIONS:
+        bounds = integer_bounds(option)
+        if bounds is None:
+            continue
+        low, high = bounds
+        assert option.parse(str(low)) == low, option.flags
+        with pytest.raises(ValueError):
+            option.parse(str(low - 1))
+        if high is not None:
+            assert option.parse(str(high)) == high, option.flags
+            with pytest.raises(ValueError):
+                option.parse(str(high + 1))
+            checked += 1
+    assert checked >= 3

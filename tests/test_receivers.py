@@ -159,7 +159,6 @@ def run_factory(tmp_path):
         run.close()
 
 
-@pytest.mark.alone
 @pytest.mark.parametrize("size", [60_000, 65_000])
 def test_a_stopped_receiver_keeps_zeromqs_queue_within_the_memory_bound(run_factory, size):
     """Finding "Over the bound": -c A -c B, A stopped mid-stream, large lines:
@@ -203,7 +202,6 @@ def test_running_receivers_keep_getting_lines_while_others_are_stopped(
     assert run.got() == set(range(LINES))
 
 
-@pytest.mark.alone
 @pytest.mark.parametrize(("receivers", "size"), [(2, 60_000), (2, 65_000), (3, 60_000)])
 def test_bind_with_a_stopped_peer_keeps_zeromqs_queue_within_the_memory_bound(
         run_factory, receivers, size):

@@ -370,7 +370,6 @@ def test_when_full_drop_never_blocks_and_counts_every_drop():
         stop_process(proc)
 
 
-@pytest.mark.alone
 def test_two_million_lines_with_receiver_down_stay_under_64_mib_then_all_arrive():
     port = free_port()
     proc = start(["-c", f"tcp://127.0.0.1:{port}"])
@@ -397,7 +396,6 @@ def test_two_million_lines_with_receiver_down_stay_under_64_mib_then_all_arrive(
         stop_process(proc)
 
 
-@pytest.mark.alone
 def test_100_mb_without_newline_is_split_not_lost_and_memory_bounded(receiver):
     """1 MiB pieces at the default --sndhwm 1000: zmqpush lowers SNDHWM so that
     ZeroMQ holds about 4 MiB of them (README "Flow control and memory")."""

@@ -30,6 +30,7 @@ from conftest import (
     start,
     stop_process,
     vm_peak_rss_kib,
+    wait_stop_signals_taken,
     wait_until,
 )
 
@@ -576,14 +577,24 @@ def test_an_empty_environment_twin_never_turns_security_off(name, value):
     assert "is empty" in lines[0], lines
 
 
-@pytest.mark.alone
+def bound(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:port (a peer that connects
+    and closes: zmqpush drops it and goes on)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def test_a_peer_announcing_a_huge_handshake_frame_is_dropped_unbuffered(certs):
     """A refused or keyless peer cannot make zmqpush hold what it sends: a PUSH
     socket only receives handshake commands, and larger frames end the peer."""
     port = free_port()
     proc = start(["--bind", f"tcp://127.0.0.1:{port}", "--allow", "127.0.0.1/32", "-q"])
     try:
-        time.sleep(1.0)
+        wait_stop_signals_taken(proc)  # started (a loaded machine's start-up takes seconds)
+        assert wait_until(lambda: bound(port), 30, 0.05), "zmqpush did not bind"
         before = vm_peak_rss_kib(proc.pid)
         peer = socket.create_connection(("127.0.0.1", port), timeout=5)
         peer.sendall(b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00")

@@ -49,6 +49,14 @@ def test_framer_keeps_the_unfinished_line_and_cuts_long_ones():
     assert framer.finish() == []
 
 
+def test_framer_never_cuts_between_a_cr_and_what_follows_it():
+    """A cut that would end a piece with CR ends it one byte sooner: the CR goes
+    with what follows it (a CRLF split across pieces would keep its CR)."""
+    framer = zmqpush.LineFramer(8)
+    assert [(s.lines, s.continues) for s in framer.feed(b"abcdefg\rhij\n")] == [
+        (b"abcdefg\n", True), (b"\rhij\n", False)]
+
+
 # ------------------------------------------------------------------ joiner --
 
 def test_python_rule_joins_a_trace_between_plain_lines():
@@ -92,6 +100,17 @@ def test_joiner_cuts_at_its_line_cap_and_says_held_lines():
     assert out[0].held == 2  # two of its lines were held before this call
     out = join.flush()
     assert lines_of(out) == [("line", TRACE[3], 1, False)] and out[0].held == 1
+
+
+def test_joiner_holds_no_tentative_line_past_its_line_cap():
+    """Blank lines after a Go panic are held until the next line tells; the
+    pending event and those held lines together stay within --multiline-max-lines:
+    one more and the event ends, the held lines leaving as lines of their own."""
+    join = joiner(zmqpush.GoRule(), max_lines=3)
+    assert join.feed(chunk([b"panic: x", b"", b""])) == [] and join.pending() == 3
+    out = join.feed(chunk([b""]))
+    assert lines_of(out) == [("line", b"panic: x", 1, False)] + [("line", b"", 1, False)] * 3
+    assert join.pending() == 0
 
 
 def test_joiner_quiet_timer_is_its_last_line_plus_the_timeout():
