@@ -15,7 +15,8 @@ own):
   input        stdin, feeding the pipeline
   spooling     the disk sink (--spool)
   sockets      the PUSH sockets, endpoints, descriptors, connection monitors
-  sending      the replay window, ZeroMQ's held queue, flow control, --confirm
+  sending      the replay window, ZeroMQ's held queue, flow control, --confirm,
+               --stdout's writer (the sender's stand-in without ZeroMQ)
   reporting    stderr diagnostics, --stats, metrics, systemd notify, watchdog
   lifecycle    Shipper: wiring, supervision, signals, linger, the exit code
 """
@@ -236,7 +237,8 @@ exit codes:
   3    undelivered: at exit some lines were not handed to ZeroMQ, ZeroMQ still
        held messages when --linger ran out, lines were dropped (--when-full
        drop), --linger 0 did not wait for the lines read, or the spool still
-       holds lines (the next run on it sends them)
+       holds lines (the next run on it sends them), or --stdout's reader
+       closed it before all was written
   128+N  forced exit by a second SIGINT or SIGTERM (130, 143)
 """
 
@@ -300,6 +302,7 @@ class Config(NamedTuple):
     json_target: str | None = None
     json_message_key: str | None = None
     json_overwrite: bool = False
+    stdout: bool = False  # --stdout: events go to stdout, no socket is opened
 
 
 class _Parser(argparse.ArgumentParser):
@@ -626,6 +629,13 @@ def option_dest(flag: str) -> str:
 
 
 MULTILINE_NEEDED = ("--multiline", "--multiline-pattern")
+# What only a ZeroMQ socket uses: --stdout refuses them.
+SOCKET_OPTIONS = ("--connect", "--bind", "--heartbeat", "--replay-bytes", "--sndhwm",
+                  "--write-buffer-limits", "--curve-server-cert", "--curve-cert",
+                  "--curve-clients", "--allow")
+STDOUT_CONFLICTS = (*((spec, "--stdout opens no socket") for spec in SOCKET_OPTIONS),
+                    ("--confirm", "its stdout carries rsyslog's replies"),
+                    ("--spool", "nothing to keep lines for: stdout takes them or ends the run"))
 
 # The options, grouped by concern as --help-all shows them (README "Usage").
 OPTION_GROUPS = (
@@ -635,6 +645,10 @@ OPTION_GROUPS = (
                f"default {DEFAULT_ENDPOINT}"),
         Option(("--bind",), kind="list", metavar="ENDPOINT", common=True,
                help='bind ENDPOINT instead (Logstash input mode => "client")'),
+        Option(("--stdout",), kind="switch", common=True,
+               conflicts=STDOUT_CONFLICTS,
+               help="write every event that would be sent to stdout instead, one JSON "
+               "document a line (--batch: its arrays), and open no socket"),
         Option(("--heartbeat",), parse=_seconds(*HEARTBEAT_RANGE, off=True),
                metavar="SECONDS",
                help="ZeroMQ heartbeat interval, 1 to 3600; a peer silent for 3 "
@@ -842,8 +856,8 @@ OPTIONS = (LOGTYPE, *(option for _, options in OPTION_GROUPS for option in optio
 DESCRIPTION = """\
 Read lines on stdin and push each as JSON
 {"message":LINE,"type":LOGTYPE,"@pid":PID} over a ZeroMQ PUSH socket
-to a Logstash zeromq input. Diagnostics go to stderr; stdout is used
-only by --confirm."""
+to a Logstash zeromq input (or with --stdout, to stdout). Diagnostics
+go to stderr; stdout is used only by --confirm and --stdout."""
 
 BRIEF_EPILOG = """\
 examples:
@@ -870,8 +884,8 @@ class _HelpAction(argparse.Action):
 def build_parser(prog: str = "zmqpush.py", structured: bool = True) -> argparse.ArgumentParser:
     """The CLI made from the option table, its options grouped by concern;
     shared with zmqpush-watermark.py, which leaves out the structured logs
-    options (its own --json is its output).  The parser's `options` are the
-    table entries it holds."""
+    options (its own --json is its output) and --stdout (it measures a
+    socket).  The parser's `options` are the table entries it holds."""
     p = _Parser(prog=prog, usage=f"{prog} [OPTION...] [LOGTYPE]", description=DESCRIPTION,
                 epilog=HELP_EPILOG, formatter_class=_HelpFormatter, add_help=False)
     p.add_argument("-h", "--help", action=_HelpAction,
@@ -884,9 +898,10 @@ def build_parser(prog: str = "zmqpush.py", structured: bool = True) -> argparse.
     for title, options in OPTION_GROUPS:
         if structured or title != "structured logs":
             group = p.add_argument_group(title)
-            for option in options:
+            kept = tuple(o for o in options if structured or o.dest != "stdout")
+            for option in kept:
                 _add_option(group, option)
-            p.options += options
+            p.options += kept
     return p
 
 
@@ -1098,9 +1113,9 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     opt = given_options(parser, args, os.environ if environ is None else environ)
     connect = [check_endpoint(e, connecting=True) for e in opt["connect"] or []]
     bind = [check_endpoint(e) for e in opt["bind"] or []]
-    if not connect and not bind:
-        connect = [DEFAULT_ENDPOINT]
     check_combinations(parser.options, opt)
+    if not connect and not bind and not opt.get("stdout"):
+        connect = [DEFAULT_ENDPOINT]
     setting = with_defaults(parser.options, opt)
     high, low = setting["write_buffer_limits"]
     batch_bytes = setting["batch_bytes"]
@@ -1159,6 +1174,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         metrics_name=utf8(setting["metrics_name"], "--metrics-name").decode("utf-8"),
         metrics_listen=setting["metrics_listen"],
         multiline=multiline,
+        stdout=setting.get("stdout", False),
         **structured_options(setting),
     )
 
@@ -6146,8 +6162,8 @@ class Fanout:
 
 # ---------------------------------------------------------------- sending --
 # Owns what is handed to ZeroMQ and what becomes of it: the replay window and
-# its policy (memory or spool), ZeroMQ's held queue, flow control (Sender), and
-# confirm mode's replies (Confirmer).
+# its policy (memory or spool), ZeroMQ's held queue, flow control (Sender),
+# confirm mode's replies (Confirmer), and --stdout's writer (StdoutWriter).
 
 class ReplayWindow:
     """What may still be in flight to a receiver, and what is done with it.
@@ -6910,6 +6926,101 @@ class Confirmer:
         return True
 
 
+class StdoutClosed(Exception):
+    """--stdout: the reader of stdout has gone (EPIPE) after `written` bytes
+    of the data being written went out."""
+
+    def __init__(self, written: int):
+        super().__init__("stdout was closed by its reader")
+        self.written = written
+
+
+class StdoutWriter:
+    """--stdout: the sender's stand-in, with no ZeroMQ.  Takes Parcels from
+    the queue and writes their messages to descriptor 1, one a line, in order;
+    an event counts as handed once its line is written.
+
+    Each Parcel is written whole by a daemon thread while the loop waits for
+    it: stdout may be a pipe, a terminal or a file, none of which is set
+    non-blocking (the descriptor is shared), and a blocked write must not
+    hold up the loop (signals, timers) nor the exit once --linger ran out.
+    One Parcel is written at a time, so a slow reader of stdout holds the
+    queue full and backpressure reaches the input as with a slow receiver.
+    A reader gone (EPIPE) ends run() with StdoutClosed: what was not
+    written is not handed."""
+
+    def __init__(self, queue: ByteQueue, counters: Counters, fd: int = 1):
+        self._queue = queue
+        self._counters = counters
+        self._fd = fd
+        self._writing = 0  # bytes being written now
+        self.window = ReplayWindow(0, queue, lambda: 0, lambda: None)  # holds nothing
+
+    async def run(self) -> int:
+        """Write Parcels until END; returns 0 (the queue is never rewound).
+        StdoutClosed if the reader of stdout has gone."""
+        while True:
+            parcel = await self._queue.get()
+            if parcel is END:
+                return 0
+            data = b"\n".join(parcel.messages) + b"\n"
+            self._writing = len(data)
+            try:
+                await self._written(data)
+            except StdoutClosed as exc:
+                self._count_written(parcel, exc.written)
+                raise
+            finally:
+                self._writing = 0
+            self._counters.events_handed += sum(parcel.events)
+
+    def _count_written(self, parcel: Parcel, written: int):
+        """Count as handed the events of parcel's messages whose whole line
+        was among the first `written` bytes."""
+        end = 0
+        for message, events in zip(parcel.messages, parcel.events):
+            end += len(message) + 1
+            if end > written:
+                return
+            self._counters.events_handed += events
+
+    async def _written(self, data: bytes):
+        """Write all of data in a thread; StdoutClosed on EPIPE, OSError on other failures."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        threading.Thread(target=self._write_and_wake, args=(data, loop, done),
+                         name="zmqpush-stdout", daemon=True).start()
+        await done
+
+    def _write_and_wake(self, data: bytes, loop, done):
+        failure = None
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except BrokenPipeError:
+            failure = StdoutClosed(len(data) - len(view))
+        except OSError as exc:
+            failure = exc
+        try:
+            loop.call_soon_threadsafe(_settle, done, failure)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def buffered_bytes(self) -> int:
+        """Bytes being written to stdout now."""
+        return self._writing
+
+
+def _settle(future: asyncio.Future, failure: BaseException | None):
+    """Give future its outcome unless it was cancelled meanwhile."""
+    if not future.done():
+        if failure is None:
+            future.set_result(None)
+        else:
+            future.set_exception(failure)
+
+
 # -------------------------------------------------------------- reporting --
 # Owns what zmqpush says about itself while it runs: stderr (--stats, SIGUSR1,
 # --progress, connection events), systemd notify and watchdog, metrics (file and
@@ -7592,6 +7703,7 @@ class Shipper:
         self._spool: Spool | None = None
         self._publisher: Publisher | None = None
         self._listening: socket.socket | None = None
+        self._stdout_gone = False  # --stdout: its reader went away (see StdoutWriter)
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
@@ -7611,8 +7723,9 @@ class Shipper:
                 warn(str(exc))
                 return EXIT_USAGE
         try:
-            await self._socket.open(self.counters, self._on_connection_event,
-                                    self._on_receiver_lost)
+            if not config.stdout:
+                await self._socket.open(self.counters, self._on_connection_event,
+                                        self._on_receiver_lost)
         except OSError as exc:
             warn(f"cannot use endpoint {' '.join(config.connect + config.bind)}: "
                  f"{exc.strerror or exc}")
@@ -7624,12 +7737,14 @@ class Shipper:
         self._failed = loop.create_future()
         loop.set_exception_handler(self._on_loop_exception)
         self._reporter.start()
-        self._waiting = loop.call_later(1.0, self._say_if_unconnected)
+        if not config.stdout:
+            self._waiting = loop.call_later(1.0, self._say_if_unconnected)
         self._install_signals()
         try:
             await self._ship()
         finally:
-            self._waiting.cancel()
+            if self._waiting is not None:
+                self._waiting.cancel()
             self._replay_waiting_now()
             if self._replies is not None:
                 self._replies.close()
@@ -7639,8 +7754,8 @@ class Shipper:
         handed = self.counters.events_handed + self.counters.events_replayed
         self._answered_lost = self._answered_unhanded()
         self._linger_left = max(0.0, self._deadline - time.monotonic())
-        delivered = await self._socket.close(self._linger_left,
-                                             bool(self._sender.buffered_bytes()), bool(handed))
+        delivered = config.stdout or await self._socket.close(
+            self._linger_left, bool(self._sender.buffered_bytes()), bool(handed))
         if self._spool is not None:
             self._spool.close(done=delivered and self._sent_everything())
         code = self._report(delivered)
@@ -7683,17 +7798,24 @@ class Shipper:
             # --confirm answers a line once spooled: one kept in memory only
             # would be answered before anything holds it for good.
             self._queue.memory_only = not config.confirm
-        if spool is None:
-            window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
-                                  self._stop_hearing)
+        if config.stdout:
+            self._sender = StdoutWriter(self._queue, self.counters)
         else:
-            window = SpoolWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
-                                 self._stop_hearing, spool=spool, sndhwm=config.sndhwm)
-        self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
+            self._sender = Sender(self._socket.stream, self._queue, self.counters,
+                                  self._replay_window(), config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
         self._publisher = service_publisher(config, self._reporter, self.counters,
                                             self._stdin_fd, os.environ,
                                             listening=self._listening)
+
+    def _replay_window(self) -> ReplayWindow:
+        """The sender's replay window: in memory, or with a spool on disk."""
+        config, spool = self.config, self._spool
+        if spool is None:
+            return ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
+                                self._stop_hearing)
+        return SpoolWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
+                           self._stop_hearing, spool=spool, sndhwm=config.sndhwm)
 
     def _encoder(self):
         """The plain Encoder, or with --json or --journal the JsonEncoder or
@@ -7809,9 +7931,9 @@ class Shipper:
             sender = self._confirmer.run()
         else:
             sender = self._sender.run()
-        if self.config.confirm and self._stdout_closed:
-            warn("stdout was closed at start: nobody can read --confirm replies, "
-                 "reading nothing")
+        if self._stdout_closed and (self.config.confirm or self.config.stdout):
+            warn("stdout was closed at start: nobody can read "
+                 f"{'--confirm replies' if self.config.confirm else '--stdout'}, reading nothing")
             self._reader.stop()
         self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
                        self._supervise(sender, "sending")]
@@ -7857,7 +7979,12 @@ class Shipper:
         return task
 
     def _on_task_done(self, task: asyncio.Task):
-        if failed(task):
+        if failed(task) and isinstance(task.exception(), StdoutClosed):
+            self._stdout_gone = True  # --stdout: ends the run as the end of input does
+            self._reader.stop()
+            if not self._failed.done():
+                self._failed.set_result(None)
+        elif failed(task):
             self._fail(f"{task.get_name()} failed: {describe(task.exception())}")
 
     def _on_loop_exception(self, loop, context: dict):
@@ -7899,7 +8026,9 @@ class Shipper:
                             "to rsyslog (--multiline) were not handed to ZeroMQ within "
                             f"--linger {self.config.linger:g}s: lost")
         confirmed_only = self.config.confirm and spool is None
-        if not confirmed_only and not_handed > lost:
+        if self.config.stdout:
+            self._stdout_problems(problems, not_handed)
+        elif not confirmed_only and not_handed > lost:
             problems.append(f"{not_handed - lost} messages were not "
                             f"handed to ZeroMQ within --linger {self.config.linger:g}s "
                             "(receiver down or too slow)"
@@ -7947,6 +8076,15 @@ class Shipper:
                         f"(marked {JSON_ERROR_KEY})")
         write_stderr(closing + "\n")
         return code
+
+    def _stdout_problems(self, problems: list, not_written: int):
+        """Add what --stdout did not write to problems."""
+        if self._stdout_gone:
+            problems.append(f"stdout was closed by its reader: {not_written} messages "
+                            "read were not written")
+        elif not_written:
+            problems.append(f"{not_written} messages were not written to stdout within "
+                            f"--linger {self.config.linger:g}s (its reader too slow)")
 
     def _spool_problems(self, problems: list) -> int:
         """Add what the spool lost or keeps to problems; returns the bytes it keeps."""
