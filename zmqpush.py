@@ -196,8 +196,26 @@ def write_stderr(text: str):
 
 
 def warn(text: str):
-    """One diagnostic line on stderr, prefixed "zmqpush: "."""
-    write_stderr(f"zmqpush: {text}\n")
+    """One diagnostic line on stderr, prefixed "zmqpush: ", and before that
+    the time (ISO 8601 UTC, milliseconds) when stderr stamps none itself (see
+    stderr_stamps_time)."""
+    stamp = "" if stderr_stamps_time() else iso8601_utc(time.time()) + " "
+    write_stderr(f"{stamp}zmqpush: {text}\n")
+
+
+@functools.cache
+def stderr_stamps_time() -> bool:
+    """Whether what reads stderr stamps each line with its time: a terminal
+    (a person watching), or the journal (JOURNAL_STREAM, "DEV:INODE", names
+    the stream stderr is, as systemd sets it for a unit's output).  Looked at
+    once: stderr is what it was at the first diagnostic."""
+    try:
+        if os.isatty(2):
+            return True
+        info = os.fstat(2)
+    except OSError:
+        return False
+    return os.environ.get("JOURNAL_STREAM", "") == f"{info.st_dev}:{info.st_ino}"
 
 
 ENDPOINT_RE = re.compile(r"^(tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(\d{1,5}|\*)"

@@ -10,7 +10,7 @@ import time
 
 import zmq
 
-from conftest import cli, closing_count, env_with, free_port, wait_until
+from conftest import cli, closing_count, env_with, free_port, unstamped, wait_until
 
 SHORT = 64  # an open files limit far too small for the endpoints below
 
@@ -69,7 +69,7 @@ def test_more_endpoints_than_the_hard_limit_serves_exit_2_before_reading(tmp_pat
         position = os.lseek(stdin.fileno(), 0, os.SEEK_CUR)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("zmqpush: 30 endpoints need "), lines
+    assert len(lines) == 1 and unstamped(lines[0]).startswith("zmqpush: 30 endpoints need "), lines
     assert f"over the limit of {SHORT}" in lines[0] and "ulimit -n" in lines[0], lines
     assert position == 0  # nothing read
 
@@ -130,7 +130,7 @@ def test_each_endpoint_counts_in_the_memory_formula_and_lowers_what_was_not_set(
                           capture_output=True, timeout=60, env=env_with({}))
     assert done.returncode == 0, done.stderr
     said = done.stderr.decode().splitlines()[0]
-    assert said.startswith("zmqpush: to fit --memory-bytes 67108864 with 256 endpoints: "
+    assert unstamped(said).startswith("zmqpush: to fit --memory-bytes 67108864 with 256 endpoints: "
                            "--queue-bytes 1048576 and --replay-bytes "), said
     refused = subprocess.run(cli("--replay-bytes", str(16 << 20), *connect_args(endpoints)),
                              input=b"", capture_output=True, timeout=60, env=env_with({}))
@@ -161,7 +161,7 @@ def test_bind_peers_past_the_open_files_limit_are_said_once_and_the_connected_ge
                     received += 1
             time.sleep(0.01)
         assert proc.returncode == 0, stderr
-        said = [line for line in stderr.decode().splitlines() if "open file" in line]
+        said = [line for line in unstamped(stderr).decode().splitlines() if "open file" in line]
         assert len(said) == 1 and said[0].startswith(f"zmqpush: peers on {endpoint} take "
                                                      "nearly every open file"), stderr
         assert "ulimit -n" in said[0]
