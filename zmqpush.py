@@ -7044,6 +7044,10 @@ def _settle(future: asyncio.Future, failure: BaseException | None):
 # --progress, connection events), systemd notify and watchdog, metrics (file and
 # --metrics-listen, /healthz).
 
+# The connection events that tell an endpoint's state (see Reporter.say).
+CONNECTION_STATES = ("receiver connected", "receiver disconnected")
+
+
 class Reporter:
     """Everything zmqpush says about itself while it runs, on stderr: --stats
     lines, SIGUSR1, the --progress line, and connection events (rate-limited).
@@ -7062,6 +7066,9 @@ class Reporter:
         self._timers: list = []
         self._progress = config.progress and os.isatty(2)
         self._event_last: dict = {}
+        self._state: dict = {}  # endpoint -> its connection state now (see say)
+        self._state_said: dict = {}  # endpoint -> the state said last
+        self._settling: dict = {}  # endpoint -> TimerHandle of _say_settled
 
     def snapshot(self) -> dict:
         """The counters now, with the send rate since the previous snapshot."""
@@ -7133,7 +7140,7 @@ class Reporter:
 
     def stop(self):
         """Cancel the timers."""
-        for timer in self._timers:
+        for timer in [*self._timers, *self._settling.values()]:
             timer.cancel()
         if self._progress:
             self._print_progress()
@@ -7152,17 +7159,46 @@ class Reporter:
                      f"{v['replayed']:,} replayed, {state}")
 
     def say(self, what: str, endpoint: str):
-        """One line per event, at most one per kind and endpoint every 5 s."""
+        """One line per event, at most one per kind and endpoint every 5 s.
+        A connection state (CONNECTION_STATES) held back by that limit is
+        said once the spell is over (see _say_settled), if it is not the one
+        said last: the last line about an endpoint tells its state."""
         if self._config.quiet:
             return
         now = time.monotonic()
+        if what in CONNECTION_STATES:
+            self._state[endpoint] = what
         last, skipped = self._event_last.get((what, endpoint), (-1e9, 0))
         if now - last < self.EVENT_REPEAT_SECONDS:
             self._event_last[(what, endpoint)] = (last, skipped + 1)
+            if what in CONNECTION_STATES and endpoint not in self._settling:
+                self._settling[endpoint] = asyncio.get_running_loop().call_later(
+                    last + self.EVENT_REPEAT_SECONDS - now, self._say_settled, endpoint)
             return
         more = f" ({skipped} more since last said)" if skipped else ""
         self._event_last[(what, endpoint)] = (now, 0)
+        if what in CONNECTION_STATES:
+            self._state_said[endpoint] = what
         warn(f"{what} {endpoint}{more}")
+
+    def _say_settled(self, endpoint: str):
+        """The end of a spell whose connection messages were held back: say
+        the endpoint's state now once, unless it was the last said; if more
+        changes came meanwhile, look again at the end of the next spell."""
+        del self._settling[endpoint]
+        state = self._state[endpoint]
+        if state == self._state_said.get(endpoint):
+            return
+        now = time.monotonic()
+        last, skipped = self._event_last.get((state, endpoint), (-1e9, 0))
+        if now - last < self.EVENT_REPEAT_SECONDS:
+            self._settling[endpoint] = asyncio.get_running_loop().call_later(
+                last + self.EVENT_REPEAT_SECONDS - now, self._say_settled, endpoint)
+            return
+        self._event_last[(state, endpoint)] = (now, 0)
+        self._state_said[endpoint] = state
+        more = f", {skipped} such messages held back" if skipped else ""
+        warn(f"{state} {endpoint} (the state now{more})")
 
 
 class Notifier:

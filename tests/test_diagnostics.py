@@ -6,9 +6,11 @@ import datetime
 import os
 import pty
 import re
+import select
 import subprocess
+import time
 
-from conftest import cli, env_with
+from conftest import Receiver, cli, env_with, free_port, start, stop_process
 
 STAMPED = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z zmqpush: ")
 # One line read, --linger 0: one diagnostic says delivery was not waited for.
@@ -77,3 +79,42 @@ def test_diagnostics_on_a_terminal_are_not_stamped():
             os.close(terminal)
     lines = output.decode().splitlines()
     assert SAID in lines, lines
+
+
+def connection_lines(stderr_lines: list, endpoint: str) -> list:
+    return [line for line in stderr_lines if "zmqpush: receiver " in line and endpoint in line]
+
+
+def test_after_held_back_connection_messages_the_state_now_is_said():
+    """A receiver restarted within the 5 s limit: 'connected again' was held
+    back; once the spell is over the state now is said, so the last line
+    about the endpoint is true."""
+    port = free_port()
+    receiver = Receiver(port)
+    proc = start(["-c", receiver.endpoint])
+    lines = []
+    try:
+        proc.stdin.write(b"first\n")
+        proc.stdin.flush()
+        assert receiver.wait_for(1, 20) == 1
+        receiver.stop()
+        lines.append(proc.stderr.readline().decode())  # connected
+        lines.append(proc.stderr.readline().decode())  # disconnected
+        receiver = Receiver(port)
+        proc.stdin.write(b"second\n")
+        proc.stdin.flush()
+        assert receiver.wait_for(1, 20) >= 1  # with the replay of "first"
+        deadline = time.monotonic() + 20  # the state is said once the spell is over (~5 s)
+        while "the state now" not in lines[-1] and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 0.5)[0]:
+                lines.append(proc.stderr.readline().decode())
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+        lines += proc.stderr.read().decode().splitlines()
+        receiver.stop()
+        stop_process(proc)
+    said = connection_lines(lines, receiver.endpoint)
+    assert [line.split("zmqpush: ")[1].split()[1] for line in said] == \
+        ["connected", "disconnected", "connected"], lines
+    assert "(the state now, 1 such messages held back)" in said[-1], said
