@@ -7262,20 +7262,26 @@ def watchdog_interval(environ, pid: int) -> float | None:
 # The metrics --metrics-file writes: (name, type, help, key of Reporter.figures()).
 METRICS = (
     ("zmqpush_events_read_total", "counter",
-     "Events read on stdin: lines, and pieces of lines split at --max-line-bytes.", "read"),
+     "Events made of what was read, after joining: a line, a piece of a line past "
+     "--max-line-bytes, or a joined multi-line event (--multiline) each count 1, as does "
+     "an event a previous run left in the spool; not bytes nor lines read.", "read"),
     ("zmqpush_read_bytes_total", "counter", "Bytes read on stdin.", "bytes"),
     ("zmqpush_events_sent_total", "counter",
-     "Events handed to ZeroMQ, replays not included.", "sent"),
+     "Events handed to ZeroMQ (--stdout: written), each line of a --batch array one, "
+     "replays not included.", "sent"),
     ("zmqpush_events_dropped_total", "counter",
      "Events dropped while the queue or spool was full (--when-full drop).", "dropped"),
     ("zmqpush_split_pieces_total", "counter",
-     'Pieces of long lines sent with "@continues":true.', "split"),
+     'Messages marked "@continues":true, pieces of lines past --max-line-bytes (each '
+     "piece but a line's last).", "split"),
     ("zmqpush_events_replayed_total", "counter",
-     "Events sent again from the replay window after a receiver went away.", "replayed"),
+     "Events handed to ZeroMQ again from the replay window after a receiver went away "
+     "(also counted in events_sent the first time).", "replayed"),
     ("zmqpush_confirm_refused_lines_total", "counter",
      "--confirm: lines answered with a refusal (rsyslog sends them again).", "refused_lines"),
     ("zmqpush_drain_waits_total", "counter",
-     "Times the sender waited for ZeroMQ to take a spill.", "drain_waits"),
+     "Times the sender waited for ZeroMQ to take messages it had refused (backpressure).",
+     "drain_waits"),
     ("zmqpush_receiver_disconnects_total", "counter",
      "Times a connected receiver went away.", "disconnects"),
     ("zmqpush_handshake_failures_total", "counter",
@@ -7284,16 +7290,18 @@ METRICS = (
      "Connection attempts the --bind allowlists refused.", "refused"),
     ("zmqpush_receivers_connected", "gauge", "Receivers connected now.", "connected"),
     ("zmqpush_queued_events", "gauge",
-     "Events in the queue between reader and sender.", "queued"),
+     "Events encoded and waiting in the queue between reader and sender (with a spool: "
+     "in memory).", "queued"),
     ("zmqpush_transport_buffered_bytes", "gauge",
      "Bytes in the aiozmq transport buffer.", "transport_bytes"),
     ("zmqpush_replay_window_bytes", "gauge", "Bytes the replay window holds.", "window_bytes"),
 )
 MULTILINE_METRICS = (
     ("zmqpush_multiline_events_total", "counter",
-     "Multi-line events joined (--multiline).", "joined"),
+     "Events joined of two lines or more (--multiline); each counts 1 in events_read.",
+     "joined"),
     ("zmqpush_multiline_lines_total", "counter",
-     "Lines joined into multi-line events.", "joined_lines"),
+     "Lines read that went into those joined events.", "joined_lines"),
     ("zmqpush_multiline_cut_events_total", "counter",
      "Multi-line events cut at a cap in lines or bytes.", "cut"),
     ("zmqpush_multiline_pushed_out_events_total", "counter",
