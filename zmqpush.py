@@ -5763,6 +5763,47 @@ def own_context(config: Config) -> bool:
     return bool(config.bind) and config.security is not None and config.security.zap()
 
 
+def endpoint_host_name(endpoint: str) -> str | None:
+    """The host name of a tcp:// endpoint, None for an IP address or an ipc:// one."""
+    match = ENDPOINT_RE.match(endpoint)
+    if match is None or match.group(2) is None:
+        return None
+    host = match.group(2).strip("[]")
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return None
+        except OSError:
+            pass
+    return host
+
+
+def say_unresolved_names(endpoints: list, loop: asyncio.AbstractEventLoop):
+    """Look up the host names of endpoints once, in a daemon thread (a lookup
+    may take seconds, and must hold up neither the run nor its end), and say
+    on stderr, from the loop, each that does not resolve: libzmq retries it
+    quietly for ever (DNS may come up later), and would only look unconnected."""
+    names = {host: endpoint for endpoint in endpoints
+             for host in [endpoint_host_name(endpoint)] if host is not None}
+    if not names:
+        return
+
+    def look_up():
+        for host, endpoint in names.items():
+            try:
+                socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except (socket.gaierror, UnicodeError) as exc:
+                reason = getattr(exc, "strerror", None) or str(exc)
+                try:
+                    loop.call_soon_threadsafe(
+                        warn, f"cannot resolve {host} ({endpoint}): {reason}; "
+                        "retrying every 1 s all the same (said once)")
+                except RuntimeError:  # the loop is closed: the run is over
+                    return
+
+    threading.Thread(target=look_up, name="zmqpush-resolve", daemon=True).start()
+
+
 def open_socket(config: Config, context, on_socket):
     """A PUSH socket of context, configured, watched (on_socket as for
     open_stream) and using config's endpoints: (socket, what on_socket returned).
@@ -7801,6 +7842,7 @@ class Shipper:
         self._reporter.start()
         if not config.stdout:
             self._waiting = loop.call_later(1.0, self._say_if_unconnected)
+            say_unresolved_names(config.connect, loop)
         self._install_signals()
         try:
             await self._ship()

@@ -118,3 +118,35 @@ def test_after_held_back_connection_messages_the_state_now_is_said():
     assert [line.split("zmqpush: ")[1].split()[1] for line in said] == \
         ["connected", "disconnected", "connected"], lines
     assert "(the state now, 1 such messages held back)" in said[-1], said
+
+
+def test_a_host_name_that_does_not_resolve_is_named(tmp_path, receiver):
+    """The lookup is kept on loopback: the run sees a resolv.conf naming
+    127.0.0.1, where no DNS server listens (a mount namespace of its own)."""
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\n")
+    script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+    proc = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", script, str(resolv),
+         *cli("-c", "tcp://logstash.invalid:2120", "-c", receiver.endpoint)],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = [""]
+    try:
+        deadline = time.monotonic() + 30
+        while "cannot resolve" not in lines[-1] and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 0.5)[0]:
+                lines.append(proc.stderr.readline().decode())
+                assert lines[-1], "zmqpush ended"
+        proc.stdin.write(b"".join(b"%d\n" % n for n in range(40)))
+        proc.stdin.close()
+        assert receiver.wait_for(20, 10) >= 20  # the endpoint that resolves gets its share
+        proc.wait(30)
+        lines += proc.stderr.read().decode().splitlines()
+    finally:
+        stop_process(proc)
+    assert "Operation not permitted" not in "".join(lines), "unshare -m needs root"
+    said = [line for line in lines if "zmqpush: cannot resolve " in line]
+    assert len(said) == 1, lines
+    assert said[0].rstrip("\n").endswith(
+        "zmqpush: cannot resolve logstash.invalid (tcp://logstash.invalid:2120): Temporary "
+        "failure in name resolution; retrying every 1 s all the same (said once)"), said
