@@ -109,7 +109,7 @@ def test_a_spool_never_takes_over_a_directory_holding_other_files(tmp_path):
     (data / "notes.txt").write_text("mine\n")
     proc = run(["--spool", str(data), "-c", "tcp://127.0.0.1:9"], b"line\n")
     assert proc.returncode == 2
-    assert proc.stderr.decode().splitlines() == [
+    assert unstamped(proc.stderr).decode().splitlines() == [
         f"zmqpush: cannot use --spool {data}: 'notes.txt' in it is not a spool's file (give "
         "a new or empty directory, or a spool)"]
     assert sorted(p.name for p in data.iterdir()) == ["notes.txt"]
@@ -141,7 +141,7 @@ def test_a_fifo_named_like_a_segment_is_refused_not_opened(tmp_path):
 @pytest.mark.alone
 def test_production_install_a_venv_with_its_command_linked_into_a_bin_directory(
         tmp_path, receiver):
-    """README "Install for production", in a temporary prefix instead of /opt and
+    """The README's install for production, in a temporary prefix instead of /opt and
     /usr/local/bin: a venv of its own, the command linked onto PATH, shipping a line."""
     source = tmp_path / "src"  # a copy: pip builds in its source tree, never the checkout's
     source.mkdir()
