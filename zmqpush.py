@@ -16,7 +16,8 @@ own):
   input        stdin, feeding the pipeline
   spooling     the disk sink (--spool)
   sockets      the PUSH sockets, endpoints, descriptors, connection monitors
-  sending      the replay window, ZeroMQ's held queue, flow control, --confirm
+  sending      the replay window, ZeroMQ's held queue, flow control, --confirm,
+               --stdout's writer (the sender's stand-in without ZeroMQ)
   reporting    stderr diagnostics, --stats, metrics, systemd notify, watchdog
   lifecycle    Shipper: wiring, supervision, signals, linger, the exit code
 """
@@ -210,8 +211,26 @@ def write_stderr(text: str):
 
 
 def warn(text: str):
-    """One diagnostic line on stderr, prefixed "zmqpush: "."""
-    write_stderr(f"zmqpush: {text}\n")
+    """One diagnostic line on stderr, prefixed "zmqpush: ", and before that
+    the time (ISO 8601 UTC, milliseconds) when stderr stamps none itself (see
+    stderr_stamps_time)."""
+    stamp = "" if stderr_stamps_time() else iso8601_utc(time.time()) + " "
+    write_stderr(f"{stamp}zmqpush: {text}\n")
+
+
+@functools.cache
+def stderr_stamps_time() -> bool:
+    """Whether what reads stderr stamps each line with its time: a terminal
+    (a person watching), or the journal (JOURNAL_STREAM, "DEV:INODE", names
+    the stream stderr is, as systemd sets it for a unit's output).  Looked at
+    once: stderr is what it was at the first diagnostic."""
+    try:
+        if os.isatty(2):
+            return True
+        info = os.fstat(2)
+    except OSError:
+        return False
+    return os.environ.get("JOURNAL_STREAM", "") == f"{info.st_dev}:{info.st_ino}"
 
 
 ENDPOINT_RE = re.compile(r"^(tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(\d{1,5}|\*)"
@@ -251,7 +270,8 @@ exit codes:
   3    undelivered: at exit some lines were not handed to ZeroMQ, ZeroMQ still
        held messages when --linger ran out, lines were dropped (--when-full
        drop), --linger 0 did not wait for the lines read, or the spool still
-       holds lines (the next run on it sends them)
+       holds lines (the next run on it sends them), or --stdout's reader
+       closed it before all was written
   128+N  forced exit by a second SIGINT or SIGTERM (130, 143)
 """
 
@@ -316,6 +336,7 @@ class Config(NamedTuple):
     json_target: str | None = None
     json_message_key: str | None = None
     json_overwrite: bool = False
+    stdout: bool = False  # --stdout: events go to stdout, no socket is opened
 
 
 class _Parser(argparse.ArgumentParser):
@@ -642,6 +663,13 @@ def option_dest(flag: str) -> str:
 
 
 MULTILINE_NEEDED = ("--multiline", "--multiline-pattern")
+# What only a ZeroMQ socket uses: --stdout refuses them.
+SOCKET_OPTIONS = ("--connect", "--bind", "--heartbeat", "--replay-bytes", "--sndhwm",
+                  "--write-buffer-limits", "--curve-server-cert", "--curve-cert",
+                  "--curve-clients", "--allow")
+STDOUT_CONFLICTS = (*((spec, "--stdout opens no socket") for spec in SOCKET_OPTIONS),
+                    ("--confirm", "its stdout carries rsyslog's replies"),
+                    ("--spool", "nothing to keep lines for: stdout takes them or ends the run"))
 
 # The options, grouped by concern as --help-all shows them (README "Usage").
 OPTION_GROUPS = (
@@ -651,6 +679,10 @@ OPTION_GROUPS = (
                f"default {DEFAULT_ENDPOINT}"),
         Option(("--bind",), kind="list", metavar="ENDPOINT", common=True,
                help='bind ENDPOINT instead (Logstash input mode => "client")'),
+        Option(("--stdout",), kind="switch", common=True,
+               conflicts=STDOUT_CONFLICTS,
+               help="write every event that would be sent to stdout instead, one JSON "
+               "document a line (--batch: its arrays), and open no socket"),
         Option(("--heartbeat",), parse=_seconds(*HEARTBEAT_RANGE, off=True),
                metavar="SECONDS",
                help="ZeroMQ heartbeat interval, 1 to 3600; a peer silent for 3 "
@@ -870,8 +902,8 @@ OPTIONS = (LOGTYPE, *(option for _, options in OPTION_GROUPS for option in optio
 DESCRIPTION = """\
 Read lines on stdin and push each as JSON
 {"message":LINE,"type":LOGTYPE,"@pid":PID} over a ZeroMQ PUSH socket
-to a Logstash zeromq input. Diagnostics go to stderr; stdout is used
-only by --confirm."""
+to a Logstash zeromq input (or with --stdout, to stdout). Diagnostics
+go to stderr; stdout is used only by --confirm and --stdout."""
 
 BRIEF_EPILOG = """\
 examples:
@@ -898,8 +930,8 @@ class _HelpAction(argparse.Action):
 def build_parser(prog: str = "zmqpush.py", structured: bool = True) -> argparse.ArgumentParser:
     """The CLI made from the option table, its options grouped by concern;
     shared with zmqpush-watermark.py, which leaves out the structured logs
-    options (its own --json is its output).  The parser's `options` are the
-    table entries it holds."""
+    options (its own --json is its output) and --stdout (it measures a
+    socket).  The parser's `options` are the table entries it holds."""
     p = _Parser(prog=prog, usage=f"{prog} [OPTION...] [LOGTYPE]", description=DESCRIPTION,
                 epilog=HELP_EPILOG, formatter_class=_HelpFormatter, add_help=False)
     p.add_argument("-h", "--help", action=_HelpAction,
@@ -912,9 +944,10 @@ def build_parser(prog: str = "zmqpush.py", structured: bool = True) -> argparse.
     for title, options in OPTION_GROUPS:
         if structured or title != "structured logs":
             group = p.add_argument_group(title)
-            for option in options:
+            kept = tuple(o for o in options if structured or o.dest != "stdout")
+            for option in kept:
                 _add_option(group, option)
-            p.options += options
+            p.options += kept
     return p
 
 
@@ -1129,9 +1162,9 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     opt = given_options(parser, args, os.environ if environ is None else environ)
     connect = [check_endpoint(e, connecting=True) for e in opt["connect"] or []]
     bind = [check_endpoint(e) for e in opt["bind"] or []]
-    if not connect and not bind:
-        connect = [DEFAULT_ENDPOINT]
     check_combinations(parser.options, opt)
+    if not connect and not bind and not opt.get("stdout"):
+        connect = [DEFAULT_ENDPOINT]
     setting = with_defaults(parser.options, opt)
     high, low = setting["write_buffer_limits"]
     batch_bytes = setting["batch_bytes"]
@@ -1191,6 +1224,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         metrics_name=utf8(setting["metrics_name"], "--metrics-name").decode("utf-8"),
         metrics_listen=setting["metrics_listen"],
         multiline=multiline,
+        stdout=setting.get("stdout", False),
         **structured_options(setting),
     )
 
@@ -6653,6 +6687,47 @@ def own_context(config: Config) -> bool:
     return bool(config.bind) and config.security is not None and config.security.zap()
 
 
+def endpoint_host_name(endpoint: str) -> str | None:
+    """The host name of a tcp:// endpoint, None for an IP address or an ipc:// one."""
+    match = ENDPOINT_RE.match(endpoint)
+    if match is None or match.group(2) is None:
+        return None
+    host = match.group(2).strip("[]")
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return None
+        except OSError:
+            pass
+    return host
+
+
+def say_unresolved_names(endpoints: list, loop: asyncio.AbstractEventLoop):
+    """Look up the host names of endpoints once, in a daemon thread (a lookup
+    may take seconds, and must hold up neither the run nor its end), and say
+    on stderr, from the loop, each that does not resolve: libzmq retries it
+    quietly for ever (DNS may come up later), and would only look unconnected."""
+    names = {host: endpoint for endpoint in endpoints
+             for host in [endpoint_host_name(endpoint)] if host is not None}
+    if not names:
+        return
+
+    def look_up():
+        for host, endpoint in names.items():
+            try:
+                socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except (socket.gaierror, UnicodeError) as exc:
+                reason = getattr(exc, "strerror", None) or str(exc)
+                try:
+                    loop.call_soon_threadsafe(
+                        warn, f"cannot resolve {host} ({endpoint}): {reason}; "
+                        "retrying every 1 s all the same (said once)")
+                except RuntimeError:  # the loop is closed: the run is over
+                    return
+
+    threading.Thread(target=look_up, name="zmqpush-resolve", daemon=True).start()
+
+
 def open_socket(config: Config, context, on_socket):
     """A PUSH socket of context, configured, watched (on_socket as for
     open_stream) and using config's endpoints: (socket, what on_socket returned).
@@ -7070,8 +7145,8 @@ class Fanout:
 
 # ---------------------------------------------------------------- sending --
 # Owns what is handed to ZeroMQ and what becomes of it: the replay window and
-# its policy (memory or spool), ZeroMQ's held queue, flow control (Sender), and
-# confirm mode's replies (Confirmer).
+# its policy (memory or spool), ZeroMQ's held queue, flow control (Sender),
+# confirm mode's replies (Confirmer), and --stdout's writer (StdoutWriter).
 
 class ReplayWindow:
     """What may still be in flight to a receiver, and what is done with it.
@@ -7834,10 +7909,109 @@ class Confirmer:
         return True
 
 
+class StdoutClosed(Exception):
+    """--stdout: the reader of stdout has gone (EPIPE) after `written` bytes
+    of the data being written went out."""
+
+    def __init__(self, written: int):
+        super().__init__("stdout was closed by its reader")
+        self.written = written
+
+
+class StdoutWriter:
+    """--stdout: the sender's stand-in, with no ZeroMQ.  Takes Parcels from
+    the queue and writes their messages to descriptor 1, one a line, in order;
+    an event counts as handed once its line is written.
+
+    Each Parcel is written whole by a daemon thread while the loop waits for
+    it: stdout may be a pipe, a terminal or a file, none of which is set
+    non-blocking (the descriptor is shared), and a blocked write must not
+    hold up the loop (signals, timers) nor the exit once --linger ran out.
+    One Parcel is written at a time, so a slow reader of stdout holds the
+    queue full and backpressure reaches the input as with a slow receiver.
+    A reader gone (EPIPE) ends run() with StdoutClosed: what was not
+    written is not handed."""
+
+    def __init__(self, queue: ByteQueue, counters: Counters, fd: int = 1):
+        self._queue = queue
+        self._counters = counters
+        self._fd = fd
+        self._writing = 0  # bytes being written now
+        self.window = ReplayWindow(0, queue, lambda: 0, lambda: None)  # holds nothing
+
+    async def run(self) -> int:
+        """Write Parcels until END; returns 0 (the queue is never rewound).
+        StdoutClosed if the reader of stdout has gone."""
+        while True:
+            parcel = await self._queue.get()
+            if parcel is END:
+                return 0
+            data = b"\n".join(parcel.messages) + b"\n"
+            self._writing = len(data)
+            try:
+                await self._written(data)
+            except StdoutClosed as exc:
+                self._count_written(parcel, exc.written)
+                raise
+            finally:
+                self._writing = 0
+            self._counters.events_handed += sum(parcel.events)
+
+    def _count_written(self, parcel: Parcel, written: int):
+        """Count as handed the events of parcel's messages whose whole line
+        was among the first `written` bytes."""
+        end = 0
+        for message, events in zip(parcel.messages, parcel.events):
+            end += len(message) + 1
+            if end > written:
+                return
+            self._counters.events_handed += events
+
+    async def _written(self, data: bytes):
+        """Write all of data in a thread; StdoutClosed on EPIPE, OSError on other failures."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        threading.Thread(target=self._write_and_wake, args=(data, loop, done),
+                         name="zmqpush-stdout", daemon=True).start()
+        await done
+
+    def _write_and_wake(self, data: bytes, loop, done):
+        failure = None
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except BrokenPipeError:
+            failure = StdoutClosed(len(data) - len(view))
+        except OSError as exc:
+            failure = exc
+        try:
+            loop.call_soon_threadsafe(_settle, done, failure)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def buffered_bytes(self) -> int:
+        """Bytes being written to stdout now."""
+        return self._writing
+
+
+def _settle(future: asyncio.Future, failure: BaseException | None):
+    """Give future its outcome unless it was cancelled meanwhile."""
+    if not future.done():
+        if failure is None:
+            future.set_result(None)
+        else:
+            future.set_exception(failure)
+
+
 # -------------------------------------------------------------- reporting --
 # Owns what zmqpush says about itself while it runs: stderr (--stats, SIGUSR1,
 # --progress, connection events), systemd notify and watchdog, metrics (file and
 # --metrics-listen, /healthz).
+
+# The connection events that tell an endpoint's state (see Reporter.say).
+CONNECTION_STATES = ("receiver connected", "receiver disconnected")
+
 
 class Reporter:
     """Everything zmqpush says about itself while it runs, on stderr: --stats
@@ -7857,6 +8031,9 @@ class Reporter:
         self._timers: list = []
         self._progress = config.progress and os.isatty(2)
         self._event_last: dict = {}
+        self._state: dict = {}  # endpoint -> its connection state now (see say)
+        self._state_said: dict = {}  # endpoint -> the state said last
+        self._settling: dict = {}  # endpoint -> TimerHandle of _say_settled
 
     def snapshot(self) -> dict:
         """The counters now, with the send rate since the previous snapshot."""
@@ -7928,7 +8105,7 @@ class Reporter:
 
     def stop(self):
         """Cancel the timers."""
-        for timer in self._timers:
+        for timer in [*self._timers, *self._settling.values()]:
             timer.cancel()
         if self._progress:
             self._print_progress()
@@ -7947,17 +8124,46 @@ class Reporter:
                      f"{v['replayed']:,} replayed, {state}")
 
     def say(self, what: str, endpoint: str):
-        """One line per event, at most one per kind and endpoint every 5 s."""
+        """One line per event, at most one per kind and endpoint every 5 s.
+        A connection state (CONNECTION_STATES) held back by that limit is
+        said once the spell is over (see _say_settled), if it is not the one
+        said last: the last line about an endpoint tells its state."""
         if self._config.quiet:
             return
         now = time.monotonic()
+        if what in CONNECTION_STATES:
+            self._state[endpoint] = what
         last, skipped = self._event_last.get((what, endpoint), (-1e9, 0))
         if now - last < self.EVENT_REPEAT_SECONDS:
             self._event_last[(what, endpoint)] = (last, skipped + 1)
+            if what in CONNECTION_STATES and endpoint not in self._settling:
+                self._settling[endpoint] = asyncio.get_running_loop().call_later(
+                    last + self.EVENT_REPEAT_SECONDS - now, self._say_settled, endpoint)
             return
         more = f" ({skipped} more since last said)" if skipped else ""
         self._event_last[(what, endpoint)] = (now, 0)
+        if what in CONNECTION_STATES:
+            self._state_said[endpoint] = what
         warn(f"{what} {endpoint}{more}")
+
+    def _say_settled(self, endpoint: str):
+        """The end of a spell whose connection messages were held back: say
+        the endpoint's state now once, unless it was the last said; if more
+        changes came meanwhile, look again at the end of the next spell."""
+        del self._settling[endpoint]
+        state = self._state[endpoint]
+        if state == self._state_said.get(endpoint):
+            return
+        now = time.monotonic()
+        last, skipped = self._event_last.get((state, endpoint), (-1e9, 0))
+        if now - last < self.EVENT_REPEAT_SECONDS:
+            self._settling[endpoint] = asyncio.get_running_loop().call_later(
+                last + self.EVENT_REPEAT_SECONDS - now, self._say_settled, endpoint)
+            return
+        self._event_last[(state, endpoint)] = (now, 0)
+        self._state_said[endpoint] = state
+        more = f", {skipped} such messages held back" if skipped else ""
+        warn(f"{state} {endpoint} (the state now{more})")
 
 
 class Notifier:
@@ -8021,20 +8227,26 @@ def watchdog_interval(environ, pid: int) -> float | None:
 # The metrics --metrics-file writes: (name, type, help, key of Reporter.figures()).
 METRICS = (
     ("zmqpush_events_read_total", "counter",
-     "Events read on stdin: lines, and pieces of lines split at --max-line-bytes.", "read"),
+     "Events made of what was read, after joining: a line, a piece of a line past "
+     "--max-line-bytes, or a joined multi-line event (--multiline) each count 1, as does "
+     "an event a previous run left in the spool; not bytes nor lines read.", "read"),
     ("zmqpush_read_bytes_total", "counter", "Bytes read on stdin.", "bytes"),
     ("zmqpush_events_sent_total", "counter",
-     "Events handed to ZeroMQ, replays not included.", "sent"),
+     "Events handed to ZeroMQ (--stdout: written), each line of a --batch array one, "
+     "replays not included.", "sent"),
     ("zmqpush_events_dropped_total", "counter",
      "Events dropped while the queue or spool was full (--when-full drop).", "dropped"),
     ("zmqpush_split_pieces_total", "counter",
-     'Pieces of long lines sent with "@continues":true.', "split"),
+     'Messages marked "@continues":true, pieces of lines past --max-line-bytes (each '
+     "piece but a line's last).", "split"),
     ("zmqpush_events_replayed_total", "counter",
-     "Events sent again from the replay window after a receiver went away.", "replayed"),
+     "Events handed to ZeroMQ again from the replay window after a receiver went away "
+     "(also counted in events_sent the first time).", "replayed"),
     ("zmqpush_confirm_refused_lines_total", "counter",
      "--confirm: lines answered with a refusal (rsyslog sends them again).", "refused_lines"),
     ("zmqpush_drain_waits_total", "counter",
-     "Times the sender waited for ZeroMQ to take a spill.", "drain_waits"),
+     "Times the sender waited for ZeroMQ to take messages it had refused (backpressure).",
+     "drain_waits"),
     ("zmqpush_receiver_disconnects_total", "counter",
      "Times a connected receiver went away.", "disconnects"),
     ("zmqpush_handshake_failures_total", "counter",
@@ -8043,16 +8255,18 @@ METRICS = (
      "Connection attempts the --bind allowlists refused.", "refused"),
     ("zmqpush_receivers_connected", "gauge", "Receivers connected now.", "connected"),
     ("zmqpush_queued_events", "gauge",
-     "Events in the queue between reader and sender.", "queued"),
+     "Events encoded and waiting in the queue between reader and sender (with a spool: "
+     "in memory).", "queued"),
     ("zmqpush_transport_buffered_bytes", "gauge",
      "Bytes in the aiozmq transport buffer.", "transport_bytes"),
     ("zmqpush_replay_window_bytes", "gauge", "Bytes the replay window holds.", "window_bytes"),
 )
 MULTILINE_METRICS = (
     ("zmqpush_multiline_events_total", "counter",
-     "Multi-line events joined (--multiline).", "joined"),
+     "Events joined of two lines or more (--multiline); each counts 1 in events_read.",
+     "joined"),
     ("zmqpush_multiline_lines_total", "counter",
-     "Lines joined into multi-line events.", "joined_lines"),
+     "Lines read that went into those joined events.", "joined_lines"),
     ("zmqpush_multiline_cut_events_total", "counter",
      "Multi-line events cut at a cap in lines or bytes.", "cut"),
     ("zmqpush_multiline_pushed_out_events_total", "counter",
@@ -8516,6 +8730,7 @@ class Shipper:
         self._spool: Spool | None = None
         self._publisher: Publisher | None = None
         self._listening: socket.socket | None = None
+        self._stdout_gone = False  # --stdout: its reader went away (see StdoutWriter)
 
     async def run(self) -> int:
         """Ship stdin; returns the exit code."""
@@ -8535,8 +8750,9 @@ class Shipper:
                 warn(str(exc))
                 return EXIT_USAGE
         try:
-            await self._socket.open(self.counters, self._on_connection_event,
-                                    self._on_receiver_lost)
+            if not config.stdout:
+                await self._socket.open(self.counters, self._on_connection_event,
+                                        self._on_receiver_lost)
         except OSError as exc:
             warn(f"cannot use endpoint {' '.join(config.connect + config.bind)}: "
                  f"{exc.strerror or exc}")
@@ -8548,12 +8764,15 @@ class Shipper:
         self._failed = loop.create_future()
         loop.set_exception_handler(self._on_loop_exception)
         self._reporter.start()
-        self._waiting = loop.call_later(1.0, self._say_if_unconnected)
+        if not config.stdout:
+            self._waiting = loop.call_later(1.0, self._say_if_unconnected)
+            say_unresolved_names(config.connect, loop)
         self._install_signals()
         try:
             await self._ship()
         finally:
-            self._waiting.cancel()
+            if self._waiting is not None:
+                self._waiting.cancel()
             self._replay_waiting_now()
             if self._replies is not None:
                 self._replies.close()
@@ -8563,8 +8782,8 @@ class Shipper:
         handed = self.counters.events_handed + self.counters.events_replayed
         self._answered_lost = self._answered_unhanded()
         self._linger_left = max(0.0, self._deadline - time.monotonic())
-        delivered = await self._socket.close(self._linger_left,
-                                             bool(self._sender.buffered_bytes()), bool(handed))
+        delivered = config.stdout or await self._socket.close(
+            self._linger_left, bool(self._sender.buffered_bytes()), bool(handed))
         if self._spool is not None:
             self._spool.close(done=delivered and self._sent_everything())
         code = self._report(delivered)
@@ -8607,17 +8826,24 @@ class Shipper:
             # --confirm answers a line once spooled: one kept in memory only
             # would be answered before anything holds it for good.
             self._queue.memory_only = not config.confirm
-        if spool is None:
-            window = ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
-                                  self._stop_hearing)
+        if config.stdout:
+            self._sender = StdoutWriter(self._queue, self.counters)
         else:
-            window = SpoolWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
-                                 self._stop_hearing, spool=spool, sndhwm=config.sndhwm)
-        self._sender = Sender(self._socket.stream, self._queue, self.counters, window, config)
+            self._sender = Sender(self._socket.stream, self._queue, self.counters,
+                                  self._replay_window(), config)
         self._reporter = Reporter(config, self.counters, self._queue, self._sender, spool)
         self._publisher = service_publisher(config, self._reporter, self.counters,
                                             self._stdin_fd, os.environ,
                                             listening=self._listening)
+
+    def _replay_window(self) -> ReplayWindow:
+        """The sender's replay window: in memory, or with a spool on disk."""
+        config, spool = self.config, self._spool
+        if spool is None:
+            return ReplayWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
+                                self._stop_hearing)
+        return SpoolWindow(config.replay_bytes, self._queue, self._socket.unsent_bytes,
+                           self._stop_hearing, spool=spool, sndhwm=config.sndhwm)
 
     def _encoder(self):
         """The plain Encoder, or with --json or --journal the JsonEncoder or
@@ -8736,9 +8962,9 @@ class Shipper:
             sender = self._confirmer.run()
         else:
             sender = self._sender.run()
-        if self.config.confirm and self._stdout_closed:
-            warn("stdout was closed at start: nobody can read --confirm replies, "
-                 "reading nothing")
+        if self._stdout_closed and (self.config.confirm or self.config.stdout):
+            warn("stdout was closed at start: nobody can read "
+                 f"{'--confirm replies' if self.config.confirm else '--stdout'}, reading nothing")
             self._reader.stop()
         self._tasks = [self._supervise(self._reader.run(), "reading stdin"),
                        self._supervise(sender, "sending")]
@@ -8784,7 +9010,12 @@ class Shipper:
         return task
 
     def _on_task_done(self, task: asyncio.Task):
-        if failed(task):
+        if failed(task) and isinstance(task.exception(), StdoutClosed):
+            self._stdout_gone = True  # --stdout: ends the run as the end of input does
+            self._reader.stop()
+            if not self._failed.done():
+                self._failed.set_result(None)
+        elif failed(task):
             self._fail(f"{task.get_name()} failed: {describe(task.exception())}")
 
     def _on_loop_exception(self, loop, context: dict):
@@ -8826,7 +9057,9 @@ class Shipper:
                             "to rsyslog (--multiline) were not handed to ZeroMQ within "
                             f"--linger {self.config.linger:g}s: lost")
         confirmed_only = self.config.confirm and spool is None
-        if not confirmed_only and not_handed > lost:
+        if self.config.stdout:
+            self._stdout_problems(problems, not_handed)
+        elif not confirmed_only and not_handed > lost:
             problems.append(f"{not_handed - lost} messages were not "
                             f"handed to ZeroMQ within --linger {self.config.linger:g}s "
                             "(receiver down or too slow)"
@@ -8874,6 +9107,15 @@ class Shipper:
                         f"(marked {JSON_ERROR_KEY})")
         write_stderr(closing + "\n")
         return code
+
+    def _stdout_problems(self, problems: list, not_written: int):
+        """Add what --stdout did not write to problems."""
+        if self._stdout_gone:
+            problems.append(f"stdout was closed by its reader: {not_written} messages "
+                            "read were not written")
+        elif not_written:
+            problems.append(f"{not_written} messages were not written to stdout within "
+                            f"--linger {self.config.linger:g}s (its reader too slow)")
 
     def _spool_problems(self, problems: list) -> int:
         """Add what the spool lost or keeps to problems; returns the bytes it keeps."""

@@ -8,6 +8,7 @@ checkout's stops before any test, saying how to install it.
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -305,3 +306,15 @@ def vm_peak_rss_kib(pid: int) -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
     raise AssertionError("no VmHWM")
+
+
+STAMP = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (?=zmqpush: )", re.MULTILINE)
+
+
+def unstamped(text):
+    """text (bytes or str) without the time zmqpush writes before each of its
+    diagnostics when stderr is neither a terminal nor the journal."""
+    if isinstance(text, str):
+        return STAMP.sub(b"", text.encode("utf-8", "surrogateescape")).decode(
+            "utf-8", "surrogateescape")
+    return STAMP.sub(b"", text)

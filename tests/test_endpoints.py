@@ -11,7 +11,7 @@ import time
 import pytest
 import zmq
 
-from conftest import cli, closing_count, env_with, free_port, wait_until
+from conftest import cli, closing_count, env_with, free_port, unstamped, wait_until
 
 SHORT = 64  # an open files limit far too small for the endpoints below
 
@@ -70,7 +70,7 @@ def test_more_endpoints_than_the_hard_limit_serves_exit_2_before_reading(tmp_pat
         position = os.lseek(stdin.fileno(), 0, os.SEEK_CUR)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("zmqpush: 30 endpoints need "), lines
+    assert len(lines) == 1 and unstamped(lines[0]).startswith("zmqpush: 30 endpoints need "), lines
     assert f"over the limit of {SHORT}" in lines[0] and "ulimit -n" in lines[0], lines
     assert position == 0  # nothing read
 
@@ -131,7 +131,7 @@ def test_each_endpoint_counts_in_the_memory_formula_and_lowers_what_was_not_set(
                           capture_output=True, timeout=60, env=env_with({}))
     assert done.returncode == 0, done.stderr
     said = done.stderr.decode().splitlines()[0]
-    assert said.startswith("zmqpush: to fit --memory-bytes 67108864 with 256 endpoints: "
+    assert unstamped(said).startswith("zmqpush: to fit --memory-bytes 67108864 with 256 endpoints: "
                            "--queue-bytes 1048576 and --replay-bytes "), said
     refused = subprocess.run(cli("--replay-bytes", str(16 << 20), *connect_args(endpoints)),
                              input=b"", capture_output=True, timeout=60, env=env_with({}))

@@ -24,6 +24,7 @@ from conftest import (
     run,
     start,
     stop_process,
+    unstamped,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -46,7 +47,7 @@ def ignored_signals(pid: int) -> int:
 
 def one_usage_line(proc) -> str:
     """The single stderr line of a usage error (exit 2, no traceback)."""
-    lines = proc.stderr.decode(errors="replace").splitlines()
+    lines = unstamped(proc.stderr).decode(errors="replace").splitlines()
     assert proc.returncode == 2, (proc.returncode, lines)
     assert len(lines) == 1 and lines[0].startswith("zmqpush: "), lines
     return lines[0]
@@ -227,8 +228,9 @@ def test_a_message_stays_within_the_limit_after_invalid_utf8_became_u_fffd(recei
 # -- 1. supervision: a failing task ends the run -------------------------------------
 
 def no_traceback(proc_stderr: bytes) -> list:
-    """stderr's lines, after checking that none belongs to a traceback."""
-    text = proc_stderr.decode(errors="replace")
+    """stderr's lines (without their time stamps), after checking that none
+    belongs to a traceback."""
+    text = unstamped(proc_stderr).decode(errors="replace")
     assert "Traceback" not in text and "never retrieved" not in text, text
     return text.splitlines()
 
@@ -372,7 +374,7 @@ def test_watermark_tool_with_stdout_closed_or_broken_exits_1_without_traceback()
                             timeout=20, preexec_fn=closing(1))
     assert closed.returncode == 1
     lines = no_traceback(closed.stderr)
-    assert len(lines) == 1 and lines[0].startswith("zmqpush: "), lines
+    assert len(lines) == 1 and unstamped(lines[0]).startswith("zmqpush: "), lines
     read_end, write_end = os.pipe()
     os.close(read_end)  # like `| head -c0`
     try:
@@ -421,9 +423,9 @@ def test_drop_mode_on_dev_zero_still_answers_signals_and_stats():
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(15) == 3  # read, not delivered: the receiver is down
         lines = no_traceback(proc.stderr.read())
-        assert sum(line.startswith("zmqpush: read=") for line in lines) >= 3, lines
+        assert sum(unstamped(line).startswith("zmqpush: read=") for line in lines) >= 3, lines
         assert not any("dropped=0" not in line for line in lines
-                       if line.startswith("zmqpush: read="))
+                       if unstamped(line).startswith("zmqpush: read="))
     finally:
         stop_process(proc)
 
@@ -463,7 +465,7 @@ def test_confirm_timeout_0_accepts_what_zeromq_takes_at_once(receiver):
     try:
         assert proc.stdout.readline() == b"OK\n"
         # With no receiver connected yet ZeroMQ (IMMEDIATE=1) would refuse at once.
-        assert proc.stderr.readline().startswith(b"zmqpush: receiver connected")
+        assert unstamped(proc.stderr.readline()).startswith(b"zmqpush: receiver connected")
         for line in (b"a\n", b"b\n", b"c\n"):
             proc.stdin.write(line)
             proc.stdin.flush()

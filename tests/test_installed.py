@@ -5,12 +5,13 @@ imports the zmqpush module from there must find the module, not the launcher.
 """
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN, WATERMARK, ZMQPUSH, env_with, run
+from conftest import BIN, ROOT, WATERMARK, ZMQPUSH, env_with, run, unstamped
 
 SHADOW = 'raise SystemExit("the zmqpush.py in the current directory was imported")\n'
 
@@ -67,7 +68,7 @@ def test_make_cert_through_the_installed_command(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "pair.key").is_file() and (tmp_path / "pair.key_secret").is_file()
     again = run(["--make-cert", str(tmp_path / "pair")])
-    assert again.returncode == 2 and again.stderr.startswith(b"zmqpush: ")
+    assert again.returncode == 2 and unstamped(again.stderr).startswith(b"zmqpush: ")
 
 
 @pytest.mark.parametrize("where", ["bin", "root"])
@@ -98,7 +99,7 @@ def test_make_cert_whose_stdout_cannot_be_written_never_gives_a_traceback(
     proc = subprocess.run(["sh", "-c", f'exec "$0" --make-cert "$1" {redirect}', ZMQPUSH,
                            str(tmp_path / "pair")], capture_output=True, timeout=30)
     assert proc.returncode == code
-    assert proc.stderr.decode().splitlines() == said
+    assert unstamped(proc.stderr).decode().splitlines() == said
     assert (tmp_path / "pair.key").is_file()
 
 
@@ -108,7 +109,7 @@ def test_a_spool_never_takes_over_a_directory_holding_other_files(tmp_path):
     (data / "notes.txt").write_text("mine\n")
     proc = run(["--spool", str(data), "-c", "tcp://127.0.0.1:9"], b"line\n")
     assert proc.returncode == 2
-    assert proc.stderr.decode().splitlines() == [
+    assert unstamped(proc.stderr).decode().splitlines() == [
         f"zmqpush: cannot use --spool {data}: 'notes.txt' in it is not a spool's file (give "
         "a new or empty directory, or a spool)"]
     assert sorted(p.name for p in data.iterdir()) == ["notes.txt"]
@@ -135,3 +136,29 @@ def test_a_fifo_named_like_a_segment_is_refused_not_opened(tmp_path):
     assert proc.returncode == 2
     assert b"'00000000000000000000.seg' in it is not a spool's file" in proc.stderr
     assert sorted(p.name for p in data.iterdir()) == ["00000000000000000000.seg"]
+
+
+@pytest.mark.alone
+def test_production_install_a_venv_with_its_command_linked_into_a_bin_directory(
+        tmp_path, receiver):
+    """The README's install for production, in a temporary prefix instead of /opt and
+    /usr/local/bin: a venv of its own, the command linked onto PATH, shipping a line."""
+    source = tmp_path / "src"  # a copy: pip builds in its source tree, never the checkout's
+    source.mkdir()
+    for name in ("setup.py", "zmqpush.py", "zmqpush-watermark.py", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    prefix, bindir = tmp_path / "opt" / "zmqpush", tmp_path / "usr" / "local" / "bin"
+    bindir.mkdir(parents=True)
+    for step in (["python3", "-m", "venv", str(prefix)],
+                 [str(prefix / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                  str(source)],
+                 ["ln", "-s", str(prefix / "bin" / "zmqpush.py"), str(bindir)]):
+        done = subprocess.run(step, capture_output=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, (step, done.stderr)
+    env = env_with({"PATH": f"{bindir}:/usr/bin:/bin"})
+    proc = subprocess.run(["zmqpush.py", "-c", receiver.endpoint, "prod"], input=b"shipped\n",
+                          capture_output=True, timeout=60, env=env, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(1, 10) == 1
+    (event,) = receiver.events()
+    assert event["message"] == "shipped" and event["type"] == "prod"

@@ -72,6 +72,7 @@ def samples(certs: dict) -> dict:
     return {
         "logtype": ([], "app"),
         "--connect": ([], ENDPOINT), "--bind": ([], ENDPOINT), "--heartbeat": ([], "5"),
+        "--stdout": ([], None),
         "--linger": ([], "2"), "--replay-bytes": ([], "100000"),
         "--queue-bytes": ([], "100000"), "--when-full": ([], "drop"),
         "--memory-bytes": ([], "50000000"), "--sndhwm": ([], "7"),

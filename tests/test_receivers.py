@@ -12,7 +12,16 @@ import time
 
 import pytest
 
-from conftest import Receiver, cli, env_with, free_port, start, stop_process, vm_peak_rss_kib
+from conftest import (
+    Receiver,
+    cli,
+    env_with,
+    free_port,
+    start,
+    stop_process,
+    unstamped,
+    vm_peak_rss_kib,
+)
 from conftest import run as run_cli
 
 # A receiver like the stock input's socket (LINGER 1, RCVHWM 1000) that appends
@@ -255,7 +264,7 @@ def test_connect_and_bind_together_share_the_stream(two):
     peer = Receiver(free_port(), connect=bound)
     proc = start(["-c", two[0].endpoint, "--bind", bound])
     try:
-        said = [proc.stderr.readline() for _ in range(2)]  # both connected first
+        said = [unstamped(proc.stderr.readline()) for _ in range(2)]  # both connected first
         assert all(line.startswith(b"zmqpush: receiver connected") for line in said), said
         proc.stdin.write(numbered(20_000))
         proc.stdin.close()
@@ -277,8 +286,9 @@ def test_an_unusable_endpoint_among_several_is_an_error_naming_them(two):
         proc = run_cli(["-c", two[0].endpoint, "-c", two[1].endpoint, "--bind", bound], b"x\n",
                    timeout=20)
     assert proc.returncode == 1
-    assert proc.stderr.decode().startswith(f"zmqpush: cannot use endpoint {two[0].endpoint} "
-                                           f"{two[1].endpoint} {bound}: Address already in use")
+    assert unstamped(proc.stderr.decode()).startswith(
+        f"zmqpush: cannot use endpoint {two[0].endpoint} {two[1].endpoint} {bound}: "
+        "Address already in use")
 
 
 def test_curve_with_two_receivers_secures_each_socket(two, tmp_path):

@@ -20,6 +20,7 @@ from conftest import (
     run,
     start,
     stop_process,
+    unstamped,
     vm_peak_rss_kib,
     wait_stop_signals_taken,
 )
@@ -324,7 +325,7 @@ def test_sighup_is_ignored_and_sigusr1_prints_counters(receiver):
         proc.stdin.close()
         assert proc.wait(10) == 0
         err = proc.stderr.read().decode().splitlines()
-        stats = [line for line in err if line.startswith("zmqpush: read=")]
+        stats = [line for line in err if unstamped(line).startswith("zmqpush: read=")]
         assert stats and "read=3 " in stats[0] and "sent=3 " in stats[0]
         assert closing_count("\n".join(err).encode()) == 4
     finally:

@@ -29,6 +29,7 @@ from conftest import (
     run,
     start,
     stop_process,
+    unstamped,
     vm_peak_rss_kib,
     wait_stop_signals_taken,
     wait_until,
@@ -72,7 +73,8 @@ def numbered(count: int) -> bytes:
 
 def stats_of(stderr: bytes) -> dict:
     """The last --stats line, as a dict of ints (rate left out)."""
-    lines = [line for line in stderr.decode().splitlines() if line.startswith("zmqpush: read=")]
+    lines = [line for line in unstamped(stderr).decode().splitlines()
+             if line.startswith("zmqpush: read=")]
     assert lines, stderr
     return {k: int(v) for k, v in (kv.split("=") for kv in lines[-1][9:].split())
             if k != "rate"}
@@ -80,7 +82,8 @@ def stats_of(stderr: bytes) -> dict:
 
 def said(stderr: bytes, pattern: str) -> int:
     """How many stderr lines match pattern."""
-    return len([line for line in stderr.decode().splitlines() if re.search(pattern, line)])
+    return len([line for line in unstamped(stderr).decode().splitlines()
+                if re.search(pattern, line)])
 
 
 # -- key pairs ----------------------------------------------------------------------
@@ -112,7 +115,7 @@ def test_make_cert_with_no_file_name_is_a_usage_error_and_writes_nothing(tmp_pat
                           cwd=tmp_path, env=env_with(None))
     assert made.returncode == 2, made.stderr
     lines = made.stderr.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("zmqpush: --make-cert"), lines
+    assert len(lines) == 1 and unstamped(lines[0]).startswith("zmqpush: --make-cert"), lines
     assert made.stdout == b""
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["keys", "sub"]
 
@@ -491,7 +494,7 @@ def test_a_bad_certificate_is_one_usage_line_before_anything_is_read(certs, tmp_
                b"never read\n", timeout=20)
     lines = proc.stderr.decode().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, lines)
-    assert lines[0].startswith(f"zmqpush: {option} "), lines
+    assert unstamped(lines[0]).startswith(f"zmqpush: {option} "), lines
 
 
 @pytest.mark.parametrize(("args", "message"), [

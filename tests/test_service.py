@@ -336,6 +336,28 @@ def test_metrics_file_holds_the_counters_in_prometheus_format_and_is_removed_at_
     assert os.listdir(tmp_path) == []  # the file removed, no temporary file left
 
 
+def test_metrics_help_says_read_counts_events_after_joining(receiver, tmp_path):
+    """Issue 36: 3 lines joined into one event and 2 lines of their own make 3
+    events read (as the closing line counts them), and the HELP says so."""
+    metrics = tmp_path / "zmqpush.prom"
+    proc = start(["-c", receiver.endpoint, "--metrics-file", str(metrics),
+                  "--multiline", "python", "--linger", "30"])
+    try:
+        proc.stdin.write(b"plain\nTraceback (most recent call last):\n"
+                         b'  File "a.py", line 1, in <module>\nValueError: x\nafter\n')
+        proc.stdin.flush()  # "after" is sent at --multiline-timeout (3 s)
+        families = read_metrics(metrics, timeout=20, predicate=sent(3))
+        assert metric_value(families, "zmqpush_events_read_total") == 3
+        assert metric_value(families, "zmqpush_multiline_lines_total") == 3
+        assert "after joining" in families["zmqpush_events_read"].documentation
+        assert "not bytes nor lines read" in families["zmqpush_events_read"].documentation
+        assert "Lines read" in families["zmqpush_multiline_lines"].documentation
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        stop_process(proc)
+
+
 def test_metrics_file_with_a_spool_has_the_spool_figures(receiver, tmp_path):
     metrics = tmp_path / "zmqpush.prom"
     proc = start(["-c", receiver.endpoint, "--metrics-file", str(metrics),

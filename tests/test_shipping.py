@@ -20,6 +20,7 @@ from conftest import (
     run,
     start,
     stop_process,
+    unstamped,
 )
 
 
@@ -198,14 +199,14 @@ def test_bad_endpoints_and_options_are_one_line_usage_errors():
         proc = run(args, b"never read\n", timeout=10)
         assert proc.returncode == 2, args
         lines = proc.stderr.decode().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("zmqpush: "), (args, lines)
+        assert len(lines) == 1 and unstamped(lines[0]).startswith("zmqpush: "), (args, lines)
         assert b"Traceback" not in proc.stderr
 
 
 def test_endpoint_zeromq_refuses_is_a_usage_error_before_reading():
     proc = run(["--bind", "tcp://nosuchif0:5555"], b"x\n", timeout=10)
     assert proc.returncode == 2
-    assert proc.stderr.decode().startswith("zmqpush: cannot use endpoint")
+    assert unstamped(proc.stderr.decode()).startswith("zmqpush: cannot use endpoint")
     assert len(proc.stderr.decode().splitlines()) == 1
     wildcard = run(["-c", "tcp://127.0.0.1:*"], b"x\n", timeout=10)
     assert wildcard.returncode == 2 and b"a port is needed" in wildcard.stderr
@@ -219,7 +220,7 @@ def test_bind_address_in_use_is_a_runtime_error():
         port = busy.getsockname()[1]
         proc = run(["--bind", f"tcp://127.0.0.1:{port}"], b"x\n", timeout=10)
     assert proc.returncode == 1
-    assert proc.stderr.decode().startswith("zmqpush: cannot use endpoint")
+    assert unstamped(proc.stderr.decode()).startswith("zmqpush: cannot use endpoint")
     assert b"Traceback" not in proc.stderr
 
 

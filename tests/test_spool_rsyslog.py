@@ -21,7 +21,7 @@ import pytest
 from rsyslog import PrivateRsyslog, available, pid_alive
 from test_rsyslog import binary, confirm_rules, wait_gone
 
-from conftest import ZMQPUSH, Receiver, free_port
+from conftest import ZMQPUSH, Receiver, free_port, run, start, stop_process
 
 
 @pytest.fixture(autouse=True)
@@ -197,3 +197,30 @@ def test_confirm_spool_zmqpush_sigkilled_again_and_again_mid_flow_every_line_arr
     finally:
         rs.stop()
         receiver.stop()
+
+
+def test_a_one_shot_run_drains_what_an_rsyslog_run_left_in_the_spool(tmp_path, receiver):
+    """README "Confirm mode": lines a run left in --spool wait for the next
+    message that makes rsyslog start zmqpush; `zmqpush.py --spool DIR </dev/null`
+    sends them at once, and while rsyslog's zmqpush holds DIR it exits 2."""
+    spool, dead = str(tmp_path / "spool"), f"tcp://127.0.0.1:{free_port()}"
+    lines = [f"left {n}" for n in range(50)]
+    first = run(["--confirm", "--spool", spool, "-c", dead, "--linger", "0.5"],
+                "".join(f"{line}\n" for line in lines).encode())
+    assert first.returncode == 3 and b"stay in the spool" in first.stderr, first.stderr
+    holder = start(["--confirm", "--spool", spool, "-c", dead])  # as rsyslog starts it
+    try:
+        assert holder.stdout.readline() == b"OK\n"
+        with open(os.devnull, "rb") as nothing:
+            held = run(["--spool", spool, "-c", receiver.endpoint], stdin=nothing)
+        assert held.returncode == 2 and b"is in use by another zmqpush" in held.stderr
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+        stop_process(holder)
+    with open(os.devnull, "rb") as nothing:
+        drained = run(["--spool", spool, "-c", receiver.endpoint], stdin=nothing)
+    assert drained.returncode == 0, drained.stderr
+    receiver.settle(0.3)
+    assert set(receiver.messages()) == set(lines)
+    assert b"Spooled: 0 bytes left" in drained.stderr, drained.stderr
