@@ -861,9 +861,8 @@ OPTION_GROUPS = (
     ("multi-line events", (
         Option(("--multiline",), parse=_presets, metavar="PRESETS", default=(), common=True,
                conflicts=(("--multiline-pattern", ""),),
-               help="join the lines of one stack trace into one event, as the "
-               "runtimes print them: a comma-separated list of "
-               f"{', '.join(MULTILINE_PRESETS)} (README \"Multi-line events\")"),
+               help="join each stack trace's lines into one event: a comma-separated "
+               f"list of {', '.join(MULTILINE_PRESETS)} (README \"Multi-line events\")"),
         Option(("--multiline-pattern",), parse=_pattern, metavar="RE",
                help="join lines by a Python regular expression instead (Filebeat's "
                "rule): a line it matches (in its first "
