@@ -9,7 +9,9 @@ own):
   options      the command line, its ZMQPUSH_* twins, Config, the memory budget
   security     CURVE certificates, allowlists, the ZAP handler (Gatekeeper)
   encoding     zmqpush's own keys (OwnKeys); lines in, JSON out (plain, --json, --journal)
-  framing and joining   the counters, the stages' items, line framing, joining
+  framing      the counters, line framing (Segments)
+  multi-line rules   the presets and --multiline-pattern
+  joining      the Joiner and its views, Joined events
   queue        the sink interface (memory queue) and --confirm's replies
   pipeline     framing -> stages (containers, joining) -> encoder -> sink, built
                once from the options
@@ -2729,11 +2731,9 @@ class JournalEncoder(JsonEncoder):
         return event, notes
 
 
-# ---------------------------------------------------- framing and joining --
-# Owns the counters, and what the reading pipeline's stages pass: Segments
-# (line framing) and Joined events (joining lines into multi-line events,
-# --multiline: the rules, and the one Joiner with its view of a line: TextView,
-# or ObjectView per source).
+# ---------------------------------------------------------------- framing --
+# Owns the counters and line framing: Segments (runs of whole lines, long lines cut
+# into pieces), what every pipeline starts with.
 
 class Counters:
     """What happened so far, counted where it happens (reader, sender, monitor)."""
@@ -2999,6 +2999,10 @@ def bounded_segments(segments: list, most: int) -> list:
 # may matter: the lines before it cost no Python step of their own.
 
 CONTINUE, TENTATIVE, LAST = range(3)  # what a line does to the pending event (see follows)
+# ------------------------------------------------------- multi-line rules --
+# Owns what a trace looks like: the presets (one rule class per runtime, written from
+# what the runtimes print), Presets (several at once), PatternRule (--multiline-pattern).
+
 _INDENT = (0x20, 0x09)  # a line that starts with these is indented
 
 
@@ -3495,6 +3499,11 @@ def joining_rule(multiline: Multiline):
         return PRESET_RULES[multiline.presets[0]]()
     return Presets(multiline.presets)
 
+
+# ---------------------------------------------------------------- joining --
+# Owns joining lines into multi-line events (--multiline): the items the stages pass
+# (Joined events, ParsedLines), and the one Joiner with its view of a line: TextView,
+# or ObjectView per source (--json, --journal, --docker, --cri).
 
 class Joined:
     """An item of the reading pipeline: events a Joiner made, texts (lines
