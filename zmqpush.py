@@ -514,7 +514,7 @@ def _pattern(text: str) -> re.Pattern:
         warnings.simplefilter("always")
         try:
             pattern = re.compile(source)
-        except re.error:
+        except (re.error, OverflowError):  # OverflowError: a repetition count past 2**32
             raise ValueError(text) from None
     if said:
         raise argparse.ArgumentTypeError(

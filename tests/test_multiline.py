@@ -404,9 +404,11 @@ def test_blank_lines_held_after_a_go_panic_count_against_the_caps(receiver):
     (["--multiline-pattern", "[[:^digit:]]"], "[:^digit:] (a negated class) has no Python"),
     (["--multiline-pattern", "[[:digits:]]"], "[:digits:] is not a POSIX class (alnum,"),
     (["--multiline-pattern", "^[a&&b]"], "Possible set intersection at position 3"),
+    (["--multiline-pattern", "x{99999999999}"], "invalid Python regular expression"),
 ], ids=["negate-alone", "both", "unknown-preset", "bad-pattern", "nested-repetition",
         "repeated-alternation", "nested-bounded-repetition", "over-line-bytes",
-        "negated-posix-class", "unknown-posix-class", "python-would-warn"])
+        "negated-posix-class", "unknown-posix-class", "python-would-warn",
+        "repetition-count-too-large"])
 def test_bad_multiline_options_are_usage_errors(args, says):
     proc = run(args, b"")
     assert proc.returncode == 2
