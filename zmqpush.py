@@ -747,7 +747,7 @@ OPTION_GROUPS = (
     )),
     ("fields", (
         Option(("--host-field",), kind="switch", common=True,
-               conflicts=(("--host-field-ecs", ""),),
+               conflicts=(("--host-field-ecs", "one key for the host: \"host\" or ECS's"),),
                help='add "host": this host\'s name (Logstash would stamp its own)'),
         Option(("--host-field-ecs",), kind="switch",
                help='add "host":{"name": this host\'s name}, the form ECS '
@@ -778,7 +778,7 @@ OPTION_GROUPS = (
                "priority, identifier, unit, pid and host become fields, __CURSOR the "
                "event id"),
         Option(("--docker",), kind="switch",
-               conflicts=(("--cri", ""), ("--journal", "one input format"),
+               conflicts=(("--cri", "one input format"), ("--journal", "one input format"),
                           ("--timestamp", "the runtime's time is the event's")),
                help="lines are Docker json-file entries: \"log\" becomes \"message\" "
                "(a piece of a long line joined to the rest), \"stream\" a field, "
@@ -814,7 +814,8 @@ OPTION_GROUPS = (
     )),
     ("rsyslog omprog", (
         Option(("--confirm",), kind="switch", common=True,
-               conflicts=(("--batch", ""),
+               conflicts=(("--batch", "rsyslog writes a line only once the last is "
+                                      "answered: every array would hold one line"),
                           ("--when-full drop", "every line read needs a reply")),
                help='omprog confirmMessages mode: print "OK" when ready, '
                "then one reply line per line read"),
@@ -862,7 +863,7 @@ OPTION_GROUPS = (
     )),
     ("multi-line events", (
         Option(("--multiline",), parse=_presets, metavar="PRESETS", default=(), common=True,
-               conflicts=(("--multiline-pattern", ""),),
+               conflicts=(("--multiline-pattern", "one joining rule: presets or a pattern"),),
                help="join each stack trace's lines into one event: a comma-separated "
                f"list of {', '.join(MULTILINE_PRESETS)} (README \"Multi-line events\")"),
         Option(("--multiline-pattern",), parse=_pattern, metavar="RE",

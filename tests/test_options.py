@@ -185,6 +185,7 @@ def test_each_conflict_of_the_table_is_checked(certs):
     checked = 0
     for option in zmqpush.OPTIONS:
         for spec, why in option.conflicts:
+            assert why, f"{option.flags[-1]} and {spec}: a refusal says why"
             args = with_needs(option, known, option.needs) + give(spec, known)
             assert usage_error(args) == (f"{option.flags[-1]} and {spec} cannot be combined"
                                          + (f" ({why})" if why else "")), args
@@ -193,13 +194,16 @@ def test_each_conflict_of_the_table_is_checked(certs):
 
 
 @pytest.mark.parametrize(("argv", "said"), [
-    (["--confirm", "--batch"], "--confirm and --batch cannot be combined"),
+    (["--confirm", "--batch"], "--confirm and --batch cannot be combined"
+     " (rsyslog writes a line only once the last is answered: every array would hold one line)"),
     (["--confirm", "--when-full", "drop"],
      "--confirm and --when-full drop cannot be combined (every line read needs a reply)"),
     (["--json", "--journal"], "--json and --journal cannot be combined (--journal parses JSON)"),
-    (["--host-field", "--host-field-ecs"], "--host-field and --host-field-ecs cannot be combined"),
+    (["--host-field", "--host-field-ecs"], "--host-field and --host-field-ecs cannot be combined"
+     ' (one key for the host: "host" or ECS\'s)'),
     (["--multiline", "go", "--multiline-pattern", "x"],
-     "--multiline and --multiline-pattern cannot be combined"),
+     "--multiline and --multiline-pattern cannot be combined"
+     " (one joining rule: presets or a pattern)"),
     (["--multiline-timeout", "1"], "--multiline-timeout needs --multiline or --multiline-pattern"),
     (["--multiline", "go", "--multiline-source", "a"],
      "--multiline-source needs --json or --journal or --docker or --cri"),
@@ -217,7 +221,8 @@ def test_cross_check_messages(argv, said):
     ({"ZMQPUSH_WHEN_FULL": "sometimes"},
      "ZMQPUSH_WHEN_FULL: 'sometimes' is not one of block, drop"),
     ({"ZMQPUSH_CONFIRM": "enabled"}, "ZMQPUSH_CONFIRM: invalid value 'enabled'"),
-    ({"ZMQPUSH_BATCH": "1", "ZMQPUSH_CONFIRM": "on"}, "--confirm and --batch cannot be combined"),
+    ({"ZMQPUSH_BATCH": "1", "ZMQPUSH_CONFIRM": "on"}, "--confirm and --batch cannot be combined"
+     " (rsyslog writes a line only once the last is answered: every array would hold one line)"),
 ], ids=["bad-number", "bad-choice", "bad-switch", "twins-conflict"])
 def test_twin_errors_name_the_variable(environ, said):
     assert usage_error([], environ) == said
