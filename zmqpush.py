@@ -2244,8 +2244,11 @@ def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = Non
             kept[key] = obj[key]
             event[key] = value
     if kept:
-        if REPLACED_KEY in obj:
-            kept[REPLACED_KEY] = obj[REPLACED_KEY]
+        before = obj.get(REPLACED_KEY)
+        if isinstance(before, dict) and not before.keys() & kept.keys():
+            kept = {**before, **kept}  # e.g. what a stage kept (Unwrapping): one level
+        elif REPLACED_KEY in obj:
+            kept[REPLACED_KEY] = before
         event[REPLACED_KEY] = kept
     if read_time is not None:
         app_event = event.get("event")
@@ -4800,15 +4803,11 @@ class Unwrapping:
         if message is not None:
             event["message"] = message
         fixes = fix_reserved(event)  # an invalid "@timestamp" goes to "_@timestamp"
-        event = merged_event(event, {"stream": stream}, False)  # an app's own: REPLACED_KEY
-        if "@timestamp" in event:
-            event["@runtime_time"] = when
-        else:
-            event["@timestamp"] = when
+        ours = {"stream": stream, "@runtime_time" if "@timestamp" in event else "@timestamp": when}
         if fixes:
-            event[JSON_ERROR_KEY] = "; ".join(fixes)
+            ours[JSON_ERROR_KEY] = "; ".join(fixes)
             self._counters.json_fixed += 1
-        return event
+        return merged_event(event, ours, False)  # the app's values ours replace: REPLACED_KEY
 
     def _add(self, event: dict, lines: list, documents: list):
         """event as a JSON line and its parse; a value JSON cannot carry (a

@@ -386,6 +386,20 @@ def test_stage_keeps_an_invalid_app_timestamp():
     assert counters.json_fixed == 1
 
 
+def test_stage_keeps_every_app_value_its_keys_replace_one_level_down():
+    """The app's own "stream", "@runtime_time" and "@json_error" under
+    "@json_replaced", beside the encoder's (type), not nested in it."""
+    stage = zmqpush.Unwrapping("docker", 1 << 16, zmqpush.Counters(), app_json=True)
+    app = ('{"@timestamp":"2021-01-01T00:00:00Z","@runtime_time":"APP","stream":"S",'
+           '"@json_error":"E","@metadata":"m"}\n')
+    [event] = events_of(stage.feed([zmqpush.Segment(docker_line(app))]))
+    assert event["@timestamp"] == "2021-01-01T00:00:00Z" and event["stream"] == "stdout"
+    assert event["@runtime_time"] == "2026-11-27T10:00:00.1Z"
+    assert event["@json_replaced"] == {"@runtime_time": "APP", "stream": "S", "@json_error": "E"}
+    app_type = zmqpush.merged_event({**event, "type": "APPTYPE"}, {"type": "t"}, False)
+    assert app_type["@json_replaced"] == {**event["@json_replaced"], "type": "APPTYPE"}
+
+
 def test_stage_marks_what_json_cannot_carry():
     """A lone surrogate in "log" cannot be sent as UTF-8: its message is repaired."""
     out = unwrapping().feed([zmqpush.Segment(b'{"log":"a\\ud800b\\n","stream":"stdout",'
