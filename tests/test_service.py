@@ -344,8 +344,8 @@ def test_metrics_help_says_read_counts_events_after_joining(receiver, tmp_path):
                   "--multiline", "python", "--linger", "30"])
     try:
         proc.stdin.write(b"plain\nTraceback (most recent call last):\n"
-                         b'  File "a.py", line 1, in <module>\nValueError: x\nafter\n')
-        proc.stdin.flush()  # "after" is sent at --multiline-timeout (3 s)
+                         b'  File "a.py", line 1, in <module>\nValueError: x\n10:00 after\n')
+        proc.stdin.flush()  # a record line after the trace: its own event
         families = read_metrics(metrics, timeout=20, predicate=sent(3))
         assert metric_value(families, "zmqpush_events_read_total") == 3
         assert metric_value(families, "zmqpush_multiline_lines_total") == 3
