@@ -4283,12 +4283,12 @@ class ByteQueue(asyncio.Queue):
     def take_past_cap(self):
         """Reading stops: memory has no cap to pass (put() waits for the sender)."""
 
-    def keep_held(self, lines: list):
-        """Lines a stage holds, answered "OK" (--confirm): memory keeps nothing
-        beyond the run (see SpoolQueue)."""
+    def keep_held(self, groups: list):
+        """The lines the stages hold (one list per stage): memory keeps
+        nothing beyond the run (see SpoolQueue)."""
 
     def held_found(self) -> list:
-        """Lines answered "OK" and held when a previous run ended: none in memory."""
+        """What the stages held when a previous run ended: none in memory."""
         return []
 
     def put_nowait(self, item):
@@ -4424,17 +4424,17 @@ class Pipeline:
         self._read_at = 0.0  # when the bytes being handed were read (epoch seconds)
 
     async def start(self):
-        """Lines a run with --confirm --multiline answered and held when it
-        ended (see Ledger) leave first; then, with --confirm and a durable
+        """Lines a run with --multiline --spool held when it ended (see
+        StagedPipeline) leave first; then, with --confirm and a durable
         sink, the first "OK" (zmqpush is ready)."""
         await self._take_held_found()
         if self._replies is not None:
             await self._replies.reply(True)
 
     async def _take_held_found(self):
-        """The lines a previous run answered and held, as lines, never
-        answered again."""
-        found = self.sink.held_found()
+        """The lines a previous run held (see Spool.keep_held), as lines,
+        never answered again: the last stage's first, as they came to it."""
+        found = [line for group in reversed(self.sink.held_found()) for line in group]
         if found:
             lines = _new_tuple(Segment, (b"".join(line + b"\n" for line in found),
                                          False, False, len(found)))
@@ -4923,13 +4923,23 @@ class StagedPipeline(Pipeline):
         return self.held() if self._ledger is not None and not self.sink.durable else 0
 
     async def _take_held_found(self):
-        """With --confirm, the lines a previous run held go through the stages
-        again (see Ledger.resume); else they leave as lines."""
-        if self._ledger is None:
-            await super()._take_held_found()
+        """The lines a previous run held (a durable sink keeps them, see
+        Spool.keep_held) go through the stages again, each from the stage
+        that held it, the last stage's first (what it held came through the
+        stages before it earlier), with --confirm answered already: what they
+        began goes on with the lines that follow.  Those of a run with other
+        stages go through them all."""
+        found = self.sink.held_found()
+        if not found:
             return
+        if len(found) != len(self._stages):
+            found = [[line for group in reversed(found) for line in group]]
         async with self._lock:
-            await self._ledger.resume(self)
+            for first in reversed(range(len(found))):
+                for line in found[first]:
+                    item = _new_tuple(Segment, (line + b"\n", False, False, 0))
+                    await self._queue_held(self.through([item], first))
+            self.sink.keep_held(self.holding())
         self._arm()
 
     def held(self) -> int:
@@ -4937,8 +4947,9 @@ class StagedPipeline(Pipeline):
         return sum(stage.held() for stage in self._stages)
 
     def holding(self) -> list:
-        """The lines the stages hold (bytes, without newline), oldest first."""
-        return [line for stage in self._stages for line in stage.holding()]
+        """The lines each stage holds (bytes, without newline), oldest first:
+        one list per stage."""
+        return [stage.holding() for stage in self._stages]
 
     def admit_with(self, admits):
         if self._ledger is not None:
@@ -4948,13 +4959,21 @@ class StagedPipeline(Pipeline):
         async with self._lock:
             if self._ledger is not None:
                 await self._ledger.take(segments, self)
-            elif not self._run_bytes:
-                await self.deliver(self.through(bounded_segments(segments, ENCODE_LINES)))
-            else:  # what a stage parses of one run is alive at once (see ParsedLines)
-                for seg in bounded_segments(segments, ENCODE_LINES):
-                    for run in runs_within(seg, self._run_bytes):
-                        await self.deliver(self.through([run]))
+            else:
+                held_before = self.held()
+                await self._deliver_read(segments)
+                if self.sink.durable and (held_before or self.held()):
+                    self.sink.keep_held(self.holding())
         self._arm()
+
+    async def _deliver_read(self, segments: list):
+        """What one read gave, through the stages, encoded and queued."""
+        if not self._run_bytes:
+            await self.deliver(self.through(bounded_segments(segments, ENCODE_LINES)))
+            return
+        for seg in bounded_segments(segments, ENCODE_LINES):  # what a stage parses of
+            for run in runs_within(seg, self._run_bytes):  # one run is alive at once
+                await self.deliver(self.through([run]))
 
     async def finish(self):
         if self._timer is not None:
@@ -4968,9 +4987,9 @@ class StagedPipeline(Pipeline):
             await self.deliver_held(self.flushed(_RELEASE_ALL))
         await self.sink.put(END)
 
-    def through(self, items: list) -> list:
-        """items passed through every stage."""
-        for stage in self._stages:
+    def through(self, items: list, first: int = 0) -> list:
+        """items passed through every stage from the first-th on."""
+        for stage in self._stages[first:]:
             items = stage.feed(items)
         return items
 
@@ -4989,13 +5008,17 @@ class StagedPipeline(Pipeline):
 
     async def deliver_held(self, items: list):
         """Encode and queue items of lines held (with --confirm answered
-        already; then the sink keeps what the stages still hold)."""
+        already); then a durable sink keeps what the stages still hold."""
+        await self._queue_held(items)
+        if items and self.sink.durable:
+            self.sink.keep_held(self.holding())
+
+    async def _queue_held(self, items: list):
+        """Encode and queue items of lines held (with --confirm answered already)."""
         if self._ledger is None:
             await self.deliver(items)
-            return
-        await self._ledger.queue_answered(items, 0, self)
-        if items:
-            self.sink.keep_held(self.holding())
+        else:
+            await self._ledger.queue_answered(items, 0, self)
 
     def _arm(self):
         """Start the quiet timer for the first stage due, if one holds lines
@@ -5101,17 +5124,6 @@ class Ledger:
                 await self._take_line(chunk[start:end], pipeline)
                 start = end
 
-    async def resume(self, pipeline: StagedPipeline):
-        """The lines a previous run answered "OK" and held (a durable sink
-        keeps them, see keep_held) go through the stages again, answered
-        already: what they began goes on with the lines that follow."""
-        found = pipeline.sink.held_found()
-        for line in found:
-            out = pipeline.through([_new_tuple(Segment, (line + b"\n", False, False, 0))])
-            await self.queue_answered(out, 0, pipeline)
-        if found:
-            pipeline.sink.keep_held(pipeline.holding())
-
     async def _take_line(self, line: bytes, pipeline: StagedPipeline):
         """One line (ending in b"\\n"), through the stages unless it is the
         last piece of a line, queued and answered; then a durable sink keeps
@@ -5188,7 +5200,7 @@ def build_pipeline(config: Config, sink: ByteQueue, *, encoder, counters: Counte
         stages.append(Unwrapping(
             config.container, config.max_line_bytes, counters,
             app_json=config.structured == "json", target=config.json_target,
-            message_key=config.json_message_key, keep_raw=replies is not None, clock=clock))
+            message_key=config.json_message_key, keep_raw=sink.durable, clock=clock))
     if multiline is not None:
         stages.append(Joining(joiner_for(config, multiline, counters, clock), multiline.timeout))
     ledger = None if replies is None else Ledger(replies, sink.durable, counters)
@@ -5831,9 +5843,10 @@ class Spool:
                  f"treated as full, tried again every {SPOOL_RETRY:g} s")
 
     def held_found(self) -> list:
-        """The lines (bytes, without newline) that a previous run answered
-        "OK" and held when it ended (see keep_held); [] if none, or if the
-        file does not read as keep_held writes it."""
+        """What the stages held when a previous run ended (see keep_held):
+        one list of lines (bytes, without newline) per stage, the first
+        stage's first; [] if none, or if the file does not read as keep_held
+        writes it.  A file without the stages' counts is the first stage's."""
         try:
             fd = os.open(self._path("held"), os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
@@ -5850,18 +5863,30 @@ class Spool:
             size = SPOOL_COUNT.unpack_from(data, at)[0]
             lines.append(data[at + SPOOL_COUNT.size:at + SPOOL_COUNT.size + size])
             at += SPOOL_COUNT.size + size
-        return lines if at == len(data) else []
+        if at > len(data) or (len(data) - at) % SPOOL_COUNT.size:
+            return []
+        counts = [SPOOL_COUNT.unpack_from(data, at + i)[0]
+                  for i in range(0, len(data) - at, SPOOL_COUNT.size)] or [count]
+        if sum(counts) != count:
+            return []
+        groups, start = [], 0
+        for size in counts:
+            groups.append(lines[start:start + size])
+            start += size
+        return groups
 
-    def keep_held(self, lines: list):
-        """Record lines (bytes, without newline: what a stage holds of lines
-        answered "OK", oldest first) in the file `held`, replacing what it
-        held: written whole to held.new and renamed over it, so that a kill
-        leaves the one or the other whole; flushed as segments are with
-        --spool-sync write; none held, the file is removed.  A write error
-        is said once (what it held is then lost only if zmqpush is killed
-        while holding it)."""
+    def keep_held(self, groups: list):
+        """Record what the stages hold (one list of lines per stage, bytes
+        without newline, oldest first) in the file `held`, replacing what it
+        held: its lines, then each stage's count of them; written whole to
+        held.new and renamed over it, so that a kill leaves the one or the
+        other whole; flushed as segments are with --spool-sync write; none
+        held, the file is removed.  A write error is said once (what it held
+        is then lost only if zmqpush is killed while holding it)."""
+        lines = [line for group in groups for line in group]
         data = SPOOL_COUNT.pack(len(lines)) + b"".join(
-            SPOOL_COUNT.pack(len(line)) + line for line in lines)
+            SPOOL_COUNT.pack(len(line)) + line for line in lines) + b"".join(
+            SPOOL_COUNT.pack(len(group)) for group in groups)
         try:
             if not lines:
                 self._remove_held()
@@ -6234,9 +6259,9 @@ class SpoolQueue(ByteQueue):
             self._found_read = parcel.end
         return parcel
 
-    def keep_held(self, lines: list):
-        """See Spool.keep_held: a kill loses no line answered "OK"."""
-        self._spool.keep_held(lines)
+    def keep_held(self, groups: list):
+        """See Spool.keep_held: a kill loses no line held."""
+        self._spool.keep_held(groups)
 
     def held_found(self) -> list:
         """See Spool.held_found."""

@@ -344,3 +344,73 @@ def test_rsyslog_json_spool_sigkill_mid_event_loses_no_line_answered(tmp_path,
     finally:
         rs.stop()
         receiver.stop()
+
+
+def container_trace(runtime: str) -> list:
+    """A Python trace as container log lines of stream stderr: its second line
+    in two partial entries (Docker: a "log" without newline; CRI: tag P)."""
+    pieces = [(TRACE[0], True), (TRACE[1][:9], False), (TRACE[1][9:], True),
+              *((line, True) for line in TRACE[2:])]
+    when = "2026-11-27T10:00:00.1Z"
+    if runtime == "--docker":
+        return [json.dumps({"log": text + ("\n" if whole else ""), "stream": "stderr",
+                            "time": when}) for text, whole in pieces]
+    return [f"{when} stderr {'F' if whole else 'P'} {text}" for text, whole in pieces]
+
+
+@pytest.mark.parametrize("runtime", ["--docker", "--cri"])
+def test_container_spool_sigkill_mid_trace_rejoins_the_trace(tmp_path, runtime):
+    """--confirm --spool --docker|--cri --multiline: SIGKILLed while the
+    joining stage holds the trace's first line and the container stage the
+    first piece of its second, the next run takes each back into the stage
+    that held it: the trace arrives whole, as one event of stream stderr."""
+    receiver = Receiver(free_port())
+    spool = tmp_path / "spool"
+    lines = container_trace(runtime)
+    args = (runtime, "--multiline", "python", "--multiline-timeout", "600",
+            "--spool", str(spool))
+    driver = Driver(receiver.endpoint, *args)
+    try:
+        assert [driver.say(line) for line in lines[:2]] == ["OK"] * 2
+        assert wait_until(lambda: lines[1].encode() in held_file(spool), 10)
+        driver.proc.kill()
+        driver.proc.wait(10)
+        driver = Driver(receiver.endpoint, *args)
+        assert [driver.say(line) for line in lines[2:]] == ["OK"] * len(lines[2:])
+        code, out, err = driver.end()
+        assert (code, out) == (0, ""), err
+        receiver.settle()
+        assert [(e["message"], e["stream"]) for e in receiver.events()] == [
+            ("\n".join(TRACE), "stderr")], err
+        assert "_jsonparsefailure" not in json.dumps(receiver.events())
+        assert held_file(spool) == b""
+    finally:
+        stop_process(driver.proc)
+        receiver.stop()
+
+
+def test_spool_without_confirm_sigkill_mid_trace_loses_no_line(tmp_path):
+    """--spool --multiline without --confirm: the lines of a pending trace are
+    kept in the spool (file `held`) once read; SIGKILLed, the next run takes
+    them back and the rest of the trace joins them; once nothing is held the
+    file is gone."""
+    receiver = Receiver(free_port())
+    spool = tmp_path / "spool"
+    args = ["-c", receiver.endpoint, "--multiline", "python", "--multiline-timeout", "600",
+            "--spool", str(spool)]
+    first = start(args)
+    try:
+        first.stdin.write(("before\n" + "\n".join(TRACE[:2]) + "\n").encode())
+        first.stdin.flush()
+        assert receiver.wait_for(1, 10) == 1
+        assert wait_until(lambda: TRACE[1].encode() in held_file(spool), 10)
+        first.kill()
+        first.wait(10)
+        again = run(args, ("\n".join([*TRACE[2:], "1 after"]) + "\n").encode())
+        assert again.returncode == 0, again.stderr
+        receiver.settle()
+        assert [m for m in receiver.messages() if m != "before"] == ["\n".join(TRACE), "1 after"]
+        assert held_file(spool) == b""
+    finally:
+        stop_process(first)
+        receiver.stop()

@@ -394,7 +394,7 @@ def test_ledger_with_a_spool_keeps_held_lines_for_the_next_run(tmp_path):
         return replies.said, messages_of(items), queue.held_found()
 
     said, messages, held = asyncio.run(run_once([b"before", *TRACE[:2]], finish=False))
-    assert said == [True] * 4 and messages == ["before"] and held == TRACE[:2]
+    assert said == [True] * 4 and messages == ["before"] and held == [TRACE[:2]]
     said, messages, held = asyncio.run(run_once([*TRACE[2:], b"1 after"], finish=True))
     assert said == [True] * 4  # the first "OK", then the three new lines only
     assert [m for m in messages if m != "before"] == [  # "before": what run 1 spooled
@@ -471,7 +471,7 @@ def test_a_run_without_stages_ships_lines_a_ledger_left_held(tmp_path):
     async def go():
         counters = zmqpush.Counters()
         spool = zmqpush.Spool(str(tmp_path), 1 << 20, float("inf"), counters)
-        spool.keep_held(TRACE[:2])
+        spool.keep_held([[TRACE[2]], TRACE[:2]])  # a joining stage's after a first's
         queue = zmqpush.SpoolQueue(1 << 20, spool, counters)
         replies = _Replies()
         _, pipeline = _pipeline(["--confirm"], replies=replies, sink=queue)
@@ -481,5 +481,23 @@ def test_a_run_without_stages_ships_lines_a_ledger_left_held(tmp_path):
         return replies.said, items, queue.held_found()
     said, items, held = asyncio.run(go())
     assert said == [True] and held == []
-    assert messages_of(items) == [t.decode() for t in TRACE[:2]]
-    assert [p.ends_line for p in items] == [[False, False]]
+    assert messages_of(items) == [t.decode() for t in TRACE[:3]]
+    assert [p.ends_line for p in items] == [[False, False, False]]
+
+
+def test_held_file_without_stage_counts_is_the_first_stages(tmp_path):
+    """A `held` file as runs before the stages' counts wrote it (its lines
+    only) reads as the first stage's lines; a torn one as none."""
+    counts = zmqpush.SPOOL_COUNT
+    body = counts.pack(2) + b"".join(counts.pack(len(t)) + t for t in TRACE[:2])
+
+    async def found(data: bytes) -> list:
+        (tmp_path / "held").write_bytes(data)
+        spool = zmqpush.Spool(str(tmp_path), 1 << 20, float("inf"), zmqpush.Counters())
+        try:
+            return spool.held_found()
+        finally:
+            spool.close(done=False)
+    assert asyncio.run(found(body)) == [TRACE[:2]]
+    assert asyncio.run(found(body + counts.pack(1) + counts.pack(1))) == [TRACE[:1], TRACE[1:2]]
+    assert asyncio.run(found(body + counts.pack(3))) == []
