@@ -4632,6 +4632,7 @@ class Unwrapping:
         self._partials: dict = {}  # stream: _Partial, in the order they began
         self._held = 0  # raw lines in the partial entries
         self._tail_due = False  # the next line is the last piece of a framed line
+        self._run_held = 0  # events of the run being built that end no line read now
 
     def feed(self, items: list) -> list:
         out, lines, documents = [], [], []
@@ -4687,14 +4688,19 @@ class Unwrapping:
         for stream, partial in list(self._partials.items()):
             if due(partial):
                 self._end(stream, lines, documents)
+                self._run_held += 1
         out: list = []
         self._close_run(out, lines, documents)
         return out
 
-    @staticmethod
-    def _close_run(out: list, lines: list, documents: list):
+    def _close_run(self, out: list, lines: list, documents: list):
+        """The run's events as one ParsedLines; its held lines (see Segment)
+        are the events that end no line just read: pieces cut off a message,
+        and what earlier lines left held (--confirm answered those, or
+        answers them with the line that ends them: one reply per line)."""
         if lines:
-            out.append(ParsedLines(b"".join(lines), documents))
+            out.append(ParsedLines(b"".join(lines), documents, self._run_held))
+        self._run_held = 0
 
     def _take(self, raw: bytes, lines: list, documents: list):
         """One envelope line: its event added to lines and documents, or held."""
@@ -4719,6 +4725,7 @@ class Unwrapping:
             held = self._partials[stream] = _Partial(when)
             while len(self._partials) > CONTAINER_STREAMS:
                 self._end(next(iter(self._partials)), lines, documents)
+                self._run_held += 1
         held.pieces.append(message)
         held.size += len(message) if isinstance(message, bytes) else len(
             message.encode("utf-8", "surrogatepass"))
@@ -4740,6 +4747,7 @@ class Unwrapping:
             cut = utf8_cut(data, self._max)
             self._add(self._event(self._text(data[:cut]), stream, held.when, cut=True),
                       lines, documents)
+            self._run_held += 1
             data = data[cut:]
         held.pieces = [data if isinstance(held.pieces[0], bytes)
                        else data.decode("utf-8", "surrogatepass")]

@@ -326,6 +326,33 @@ def test_confirm_answers_every_line_once(receiver, written):
     assert by_stream(receiver.events()) == {"stdout": stdout_of(runtime), "stderr": [TRACE]}
 
 
+def long_entries(runtime: str) -> bytes:
+    """A 20,000-byte line as one entry, then as pieces of 16 KiB (Docker's)."""
+    line = "z" * 20000
+    pieces = [line[:16384], line[16384:]]
+    if runtime == "docker":
+        return docker_line(line + "\n") + b"".join(
+            docker_line(p + "\n" * (i == 1)) for i, p in enumerate(pieces))
+    when = b"2026-11-27T10:00:00.1Z stdout "
+    return (when + b"F " + line.encode() + b"\n" + when + b"P " + pieces[0].encode() + b"\n"
+            + when + b"F " + pieces[1].encode() + b"\n")
+
+
+@pytest.mark.parametrize("runtime", ["docker", "cri"])
+def test_confirm_answers_once_a_line_cut_in_pieces(receiver, runtime):
+    """An entry over --max-line-bytes leaves in pieces; its line gets one reply."""
+    data = long_entries(runtime)
+    result = run(["-c", receiver.endpoint, "-q", "--confirm", f"--{runtime}",
+                  "--max-line-bytes", "8192", "app"], data)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(b"\n")[:-1] == [b"OK"] * (data.count(b"\n") + 1)
+    assert receiver.wait_for(6, 30) >= 6
+    receiver.settle(0.3)
+    events = receiver.events()
+    assert [len(e["message"]) for e in events] == [8192, 8192, 3616] * 2
+    assert [e.get("@continues", False) for e in events] == [True, True, False] * 2
+
+
 # ------------------------------------------------------------------ stage --
 
 def unwrapping(runtime="docker", max_line_bytes=64 << 10, clock=lambda: 0.0, **kwargs):
