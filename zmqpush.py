@@ -4535,9 +4535,10 @@ class Pipeline:
 
 
 def docker_entry(line: bytes) -> tuple | None:
-    """(log, stream, time) of a Docker json-file line, or None if it is not
-    one: a JSON object whose "log" and "stream" are strings and "time" an
-    ISO 8601 time."""
+    """(log, stream, time, attrs) of a Docker json-file line, or None if it
+    is not one: a JSON object whose "log" and "stream" are strings and
+    "time" an ISO 8601 time; attrs its "attrs" (--log-opt labels, env), None
+    if it has none."""
     try:
         text = line.decode("utf-8").lstrip(_JSON_SPACE)
         obj, end = _scan_json(text, 0)
@@ -4548,7 +4549,7 @@ def docker_entry(line: bytes) -> tuple | None:
     log, stream, when = obj.get("log"), obj.get("stream"), obj.get("time")
     if type(log) is not str or type(stream) is not str or not iso8601_time(when):
         return None
-    return log, stream, when
+    return log, stream, when, obj.get("attrs")
 
 
 def cri_entry(line: bytes) -> tuple | None:
@@ -4580,15 +4581,17 @@ def utf8_cut(data: bytes, most: int) -> int:
 class _Partial:
     """A stream's partial entry: its pieces (str from Docker, bytes from CRI),
     their UTF-8 length, the first piece's time, the raw lines they came in
-    (kept for --confirm only) and when the last came (the clock's time)."""
+    (kept for --confirm only), the first piece's Docker "attrs" and when
+    the last came (the clock's time)."""
 
-    __slots__ = ("count", "last", "pieces", "raw", "size", "when")
+    __slots__ = ("attrs", "count", "last", "pieces", "raw", "size", "when")
 
-    def __init__(self, when: str):
+    def __init__(self, when: str, attrs):
         self.pieces: list = []
         self.size = 0
         self.count = 0
         self.when = when
+        self.attrs = attrs
         self.raw: list = []
         self.last = 0.0
 
@@ -4597,12 +4600,13 @@ class Unwrapping:
     """The container stage (--docker, --cri): takes the framer's Segments of
     envelope lines, gives ParsedLines (see JsonEncoder.encode_parsed) whose
     lines are the events' objects as JSON: {"message": the app's line
-    without the runtime's newline, "stream": ..., "@timestamp": the
-    runtime's time}.  Each envelope is parsed once; with app_json (--json on
+    without the runtime's newline (nor one CR before it, the wire format's
+    rule), "stream": ..., "attrs": Docker's "attrs" if the entry has them,
+    "@timestamp": the runtime's time}.  Each envelope is parsed once; with app_json (--json on
     top) the app's line once more: an object is the event (under target,
     its message_key's string the message), "stream" and the runtime's time
     added ("@timestamp", or "@runtime_time" when the app's own "@timestamp"
-    is an ISO 8601 time; an app's "stream" kept under REPLACED_KEY, an invalid
+    is an ISO 8601 time; an app's "stream", "attrs" kept under REPLACED_KEY, an invalid
     "@timestamp" as "_@timestamp"), any other line marked as --json marks it.
 
     A partial entry (Docker: a "log" without its newline; CRI: tag P) is
@@ -4711,18 +4715,21 @@ class Unwrapping:
                        JSON_ERROR_KEY: self._what}, lines, documents)
             return
         if self._docker:
-            message, stream, when = entry
+            message, stream, when, attrs = entry
             partial = not message.endswith("\n")
             if not partial:
                 message = message[:-1]
+                if message.endswith("\r") and stream not in self._partials:
+                    message = message[:-1]  # a held entry's CR goes in _end
         else:
             message, stream, when, partial = entry
+            attrs = None
         held = self._partials.get(stream)
         if held is None and not partial and len(message) * self._widest <= self._max:
-            self._add(self._event(message, stream, when), lines, documents)
+            self._add(self._event(message, stream, when, attrs), lines, documents)
             return  # the common case: a whole entry that fits
         if held is None:
-            held = self._partials[stream] = _Partial(when)
+            held = self._partials[stream] = _Partial(when, attrs)
             while len(self._partials) > CONTAINER_STREAMS:
                 self._end(next(iter(self._partials)), lines, documents)
                 self._run_held += 1
@@ -4737,7 +4744,7 @@ class Unwrapping:
         if held.size > self._max:
             self._cut(stream, held, lines, documents)
         if not partial:
-            self._end(stream, lines, documents)
+            self._end(stream, lines, documents, whole=True)
 
     def _cut(self, stream: str, held: _Partial, lines: list, documents: list):
         """held's message while over max_line_bytes: pieces marked continues."""
@@ -4745,37 +4752,41 @@ class Unwrapping:
             held.pieces).encode("utf-8", "surrogatepass")
         while len(data) > self._max:
             cut = utf8_cut(data, self._max)
-            self._add(self._event(self._text(data[:cut]), stream, held.when, cut=True),
-                      lines, documents)
+            self._add(self._event(self._text(data[:cut]), stream, held.when, held.attrs,
+                                  cut=True), lines, documents)
             self._run_held += 1
             data = data[cut:]
         held.pieces = [data if isinstance(held.pieces[0], bytes)
                        else data.decode("utf-8", "surrogatepass")]
         held.size = len(data)
 
-    def _end(self, stream: str, lines: list, documents: list):
-        """A stream's partial entry leaves as one event (or as its last piece)."""
+    def _end(self, stream: str, lines: list, documents: list, whole: bool = False):
+        """A stream's partial entry leaves as one event (or as its last piece);
+        whole: its last piece came (a Docker CR it ends with then goes)."""
         held = self._partials.pop(stream)
         self._held -= held.count
         message = held.pieces[0][:0].join(held.pieces)
-        self._add(self._event(message, stream, held.when), lines, documents)
+        if whole and self._docker and message.endswith("\r"):
+            message = message[:-1]
+        self._add(self._event(message, stream, held.when, held.attrs), lines, documents)
 
     @staticmethod
     def _text(message) -> str:
         """A message as text: invalid UTF-8 (CRI) as U+FFFD."""
         return message.decode("utf-8", "replace") if isinstance(message, bytes) else message
 
-    def _event(self, message, stream: str, when: str, cut: bool = False) -> dict:
+    def _event(self, message, stream: str, when: str, attrs=None, cut: bool = False) -> dict:
         """The event of an entry's message (see the class)."""
         message = self._text(message)
+        ours = {"stream": stream} if attrs is None else {"stream": stream, "attrs": attrs}
         if self._app_json and not cut:
             obj, why = self._app_object(message)
             if obj is not None:
-                return self._app_event(obj, stream, when)
+                return self._app_event(obj, ours, when)
             self._counters.json_failures += 1
-            return {"message": message, "stream": stream, "@timestamp": when,
+            return {"message": message, **ours, "@timestamp": when,
                     "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: why}
-        event = {"message": message, "stream": stream, "@timestamp": when}
+        event = {"message": message, **ours, "@timestamp": when}
         if cut:
             event["@continues"] = True
         return event
@@ -4799,15 +4810,16 @@ class Unwrapping:
             return None, BRACKET_KEY_REFUSAL
         return obj, None
 
-    def _app_event(self, obj: dict, stream: str, when: str) -> dict:
-        """The app's object as the event, with the runtime's stream and time."""
+    def _app_event(self, obj: dict, ours: dict, when: str) -> dict:
+        """The app's object as the event, with the runtime's fields (ours:
+        "stream", Docker's "attrs") and time."""
         key = self._message_key
         message = obj.pop(key) if key and isinstance(obj.get(key), str) else None
         event = {self._target: obj} if self._target is not None else obj
         if message is not None:
             event["message"] = message
         fixes = fix_reserved(event)  # an invalid "@timestamp" goes to "_@timestamp"
-        event = merged_event(event, {"stream": stream}, False)  # an app's own: REPLACED_KEY
+        event = merged_event(event, ours, False)  # an app's own: REPLACED_KEY
         if "@timestamp" in event:
             event["@runtime_time"] = when
         else:

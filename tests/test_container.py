@@ -494,3 +494,26 @@ def test_each_envelope_parsed_once_and_the_apps_json_once_more(monkeypatch, app_
     assert len(b"".join(lines)) > zmqpush.JSON_RUN_BYTES
     assert messages == [f"line {n}" if app_json else app[n] for n in range(3000)] + [TRACE]
     assert len(parses) == len(lines) * (1 + app_json) + 1
+
+
+def test_stage_keeps_docker_attrs_and_the_apps_own_under_replaced():
+    attrs = {"tag": "web", "env": "prod"}
+    line = json.dumps({"log": '{"attrs":1,"a":2}\n', "stream": "stdout", "attrs": attrs,
+                       "time": "2026-11-27T10:00:00.1Z"}).encode() + b"\n"
+    [plain] = events_of(unwrapping().feed([zmqpush.Segment(line)]))
+    assert plain["attrs"] == attrs and plain["message"] == '{"attrs":1,"a":2}'
+    [app] = events_of(unwrapping(app_json=True).feed([zmqpush.Segment(line)]))
+    assert app["attrs"] == attrs and app["a"] == 2
+    assert app[zmqpush.REPLACED_KEY] == {"attrs": 1}
+
+
+@pytest.mark.parametrize("pieces, message", [
+    (["tty\r\n"], "tty"), (["tty", "\r\n"], "tty"), (["tty\r", "\n"], "tty"),
+    (["tty\r\r\n"], "tty\r"), (["tty\r"], "tty\r")])
+def test_stage_drops_one_cr_before_a_docker_newline_as_cri_does(pieces, message):
+    stage = unwrapping()
+    out = stage.feed([zmqpush.Segment(b"".join(docker_line(p) for p in pieces))])
+    assert [e["message"] for e in events_of(out + stage.flush())] == [message]
+    cri = unwrapping("cri").feed([zmqpush.Segment(
+        b"2026-11-27T10:00:00.1Z stdout F " + message.encode() + b"\r\n")])
+    assert message == "tty\r" or [e["message"] for e in events_of(cri)] == [message]
