@@ -2834,13 +2834,20 @@ class LineFramer:
     ASCII is repaired here, and cut again if it grew past the limit (the
     encoder finds it valid then).  Shorter lines, the common case, cost no
     test beyond a comparison or a few searches (see _fits_repaired).
+
+    piece_bytes (at most max_line_bytes, 4 or more; max_line_bytes if not
+    given): the size of the pieces, all of a line's pieces, its last one
+    too, when lines up to max_line_bytes must come whole (--docker, --cri:
+    an envelope is parsed whole) while the messages' limit is smaller.
     """
 
-    def __init__(self, max_line_bytes: int):
+    def __init__(self, max_line_bytes: int, piece_bytes: int | None = None):
         self._max = max_line_bytes
+        self._piece = max_line_bytes if piece_bytes is None else piece_bytes
         self._lone = min(max_line_bytes, LONE_LINE_BYTES)
         self._third = max_line_bytes // 3  # a line this long fits even once repaired
         self._pending = bytearray()
+        self._cutting = False  # pieces of the pending line left: its tail is cut too
 
     def feed(self, data: bytes) -> list:
         """Segments completed by data, in order."""
@@ -2856,14 +2863,27 @@ class LineFramer:
         complete = (b"".join((self._pending, view[: newline + 1])) if self._pending
                     else data[: newline + 1])
         self._pending = bytearray(view[newline + 1:])
-        return self._repaired(self._segments(complete) + self._split_pending())
+        return self._repaired(self._tail_cut(complete) + self._split_pending())
+
+    def _tail_cut(self, complete: bytes) -> list:
+        """complete as Segments; if pieces of its first line left already,
+        that line's tail cut into pieces too (see piece_bytes)."""
+        if not self._cutting:
+            return self._segments(complete)
+        self._cutting = False
+        end = complete.index(b"\n") + 1
+        tail = self._pieces(complete[:end - 1])
+        return tail + self._segments(complete[end:]) if end < len(complete) else tail
 
     def finish(self) -> list:
         """The unfinished last line (no newline at EOF), if any."""
         if not self._pending:
             return []
-        last, self._pending = bytes(self._pending) + b"\n", bytearray()
-        return self._repaired([Segment(last, strip_cr=False)])
+        last, self._pending = bytes(self._pending), bytearray()
+        if self._cutting:
+            self._cutting = False
+            return self._repaired(self._pieces(last, strip_cr=False))
+        return self._repaired([Segment(last + b"\n", strip_cr=False)])
 
     def _repaired(self, segments: list) -> list:
         """segments, each that repair would take past the limit repaired and cut
@@ -2916,11 +2936,11 @@ class LineFramer:
         return out
 
     def _pieces(self, line: bytes, strip_cr: bool = True, continues: bool = False) -> list:
-        """line as pieces of at most max bytes (a CR that strip_cr strips not
+        """line as pieces of at most piece_bytes (a CR that strip_cr strips not
         counted), all but the last marked continues; the last is marked as
         strip_cr and continues say."""
         out = []
-        while len(line) > self._max + (strip_cr and line[-1:] == b"\r"):
+        while len(line) > self._piece + (strip_cr and line[-1:] == b"\r"):
             cut = self._cut(line)
             out.append(Segment(line[:cut] + b"\n", strip_cr=False, continues=True))
             line = line[cut:]
@@ -2928,18 +2948,21 @@ class LineFramer:
         return out
 
     def _split_pending(self) -> list:
+        """The pending line's pieces while it is over max_line_bytes (then
+        over piece_bytes)."""
         out = []
-        while len(self._pending) > self._max:
+        while len(self._pending) > (self._piece if self._cutting else self._max):
             cut = self._cut(self._pending)
             out.append(Segment(bytes(self._pending[:cut]) + b"\n",
                                strip_cr=False, continues=True))
             del self._pending[:cut]
+            self._cutting = True
         return out
 
     def _cut(self, line) -> int:
-        """Where to end a piece of at most max bytes: not inside a UTF-8
+        """Where to end a piece of at most piece_bytes: not inside a UTF-8
         character, not between CR and what follows it."""
-        cut = back = self._max
+        cut = back = self._piece
         while back > cut - 3 and back > 1 and 0x80 <= line[back] < 0xC0:
             back -= 1
         if not 0x80 <= line[back] < 0xC0:  # a character starts there
@@ -4614,8 +4637,10 @@ class Unwrapping:
     without one, or flush(); past max_line_bytes its message leaves in
     pieces marked "@continues":true.  A line that is not an entry leaves
     as its text, marked ("tags":["_jsonparsefailure"], "@json_error"), and
-    is counted in json_failures.  Pieces of an envelope line over the
-    framer's limit pass as they are (the encoder marks them)."""
+    is counted in json_failures; past max_line_bytes in pieces as well.
+    Pieces of an envelope line over the framer's limit (cut at
+    max_line_bytes, see LineFramer's piece_bytes) pass as they are (the
+    encoder marks them)."""
 
     def __init__(self, runtime: str, max_line_bytes: int, counters: Counters, *,
                  app_json: bool = False, target: str | None = None,
@@ -4711,8 +4736,7 @@ class Unwrapping:
         entry = self._entry(raw)
         if entry is None:
             self._counters.json_failures += 1
-            self._add({"message": raw.decode("utf-8", "replace"), "tags": [JSON_FAILURE_TAG],
-                       JSON_ERROR_KEY: self._what}, lines, documents)
+            self._not_entry(raw.decode("utf-8", "replace"), lines, documents)
             return
         if self._docker:
             message, stream, when, attrs = entry
@@ -4745,6 +4769,23 @@ class Unwrapping:
             self._cut(stream, held, lines, documents)
         if not partial:
             self._end(stream, lines, documents, whole=True)
+
+    def _not_entry(self, text: str, lines: list, documents: list):
+        """A line that is not an entry, as its text, marked; past
+        max_line_bytes in pieces, all but the last marked "@continues"
+        (held lines, see _close_run)."""
+        if len(text) * 3 > self._max:  # else it fits: the common case
+            data = text.encode("utf-8")
+            while len(data) > self._max:
+                cut = utf8_cut(data, self._max)
+                self._add({"message": data[:cut].decode("utf-8"), "@continues": True,
+                           "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: self._what},
+                          lines, documents)
+                self._run_held += 1
+                data = data[cut:]
+            text = data.decode("utf-8")
+        self._add({"message": text, "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: self._what},
+                  lines, documents)
 
     def _cut(self, stream: str, held: _Partial, lines: list, documents: list):
         """held's message while over max_line_bytes: pieces marked continues."""
@@ -5197,8 +5238,8 @@ def build_pipeline(config: Config, sink: ByteQueue, *, encoder, counters: Counte
     them).  Within the running loop."""
     framed = (config.max_line_bytes if config.container is None
               else max(config.max_line_bytes, CONTAINER_LINE_BYTES))
-    parts = dict(framer=LineFramer(framed), encoder=encoder, counters=counters,
-                 replies=replies)
+    parts = dict(framer=LineFramer(framed, config.max_line_bytes), encoder=encoder,
+                 counters=counters, replies=replies)
     multiline = config.multiline
     if multiline is None and config.container is None:
         return Pipeline(sink, **parts)

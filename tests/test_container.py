@@ -517,3 +517,40 @@ def test_stage_drops_one_cr_before_a_docker_newline_as_cri_does(pieces, message)
     cri = unwrapping("cri").feed([zmqpush.Segment(
         b"2026-11-27T10:00:00.1Z stdout F " + message.encode() + b"\r\n")])
     assert message == "tty\r" or [e["message"] for e in events_of(cri)] == [message]
+
+
+def test_stage_cuts_a_line_that_is_not_an_entry_at_max_line_bytes():
+    """Its pieces marked @continues, held lines but the last (one reply with --confirm)."""
+    counters = zmqpush.Counters()
+    stage = zmqpush.Unwrapping("cri", 8, counters)
+    text = "abcdé" * 4 + "\ufffd"
+    [item] = stage.feed([zmqpush.Segment(text.encode()[:-3] + b"\xff\n")])
+    events = events_of([item])
+    assert all(len(e["message"].encode()) <= 8 for e in events)
+    assert "".join(e["message"] for e in events) == text
+    assert [e.get("@continues", False) for e in events] == [True] * 3 + [False]
+    assert all(e["tags"] == ["_jsonparsefailure"] for e in events)
+    assert item.held == 3 and counters.json_failures == 1
+
+
+@pytest.mark.parametrize("runtime, size, limit", [("cri", 5000, 1000),
+                                                  ("docker", 300000, None)])
+def test_a_line_that_is_not_an_entry_leaves_in_pieces_within_max_line_bytes(
+        receiver, runtime, size, limit):
+    limit_args = ["--max-line-bytes", str(limit)] if limit else []
+    line = bytes(range(48, 58)) * (size // 10)
+    data = line + b"\n" + docker_line("after\n") if runtime == "docker" else \
+        line + b"\n2026-11-27T10:00:00.1Z stdout F after\n"
+    result = run(["-c", receiver.endpoint, "-q", "--confirm", f"--{runtime}", *limit_args,
+                  "app"], data)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(b"\n")[:-1] == [b"OK"] * 3
+    limit = limit or zmqpush.DEFAULT_MAX_LINE_BYTES
+    pieces = -(-size // limit)
+    assert receiver.wait_for(pieces + 1, 30) >= pieces + 1
+    receiver.settle(0.3)
+    events = receiver.events()
+    assert [e["message"] for e in events[pieces:]] == ["after"]
+    assert all(len(e["message"]) <= limit for e in events)
+    assert "".join(e["message"] for e in events[:pieces]) == line.decode()
+    assert [e.get("@continues", False) for e in events[:pieces]] == [True] * (pieces - 1) + [False]
