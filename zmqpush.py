@@ -4893,12 +4893,22 @@ class Unwrapping:
         documents.append((text, event, len(text), True))
 
 
+def all_held(items: list) -> list:
+    """items, every line of each counted as held before (see Segment.held)."""
+    for item in items:
+        if type(item) is Joined:
+            item.held = item.nlines()
+    return [item if type(item) is Joined else item._replace(held=item.nlines())
+            for item in items]
+
+
 class Joining:
     """The joining stage (--multiline, --multiline-pattern): a Joiner (with
     --json or --journal, its ObjectView).  Takes the framer's Segments, gives
     items: Segments (ParsedLines) and Joined events.  A piece of an over-long line ends the
     pending event and passes as it is; a run's CR before newline is stripped
-    here where the framer says so."""
+    here where the framer says so.  What the held lines of a ParsedLines
+    (pieces Unwrapping cut) give is counted held too."""
 
     def __init__(self, joiner, timeout: float):
         self._joiner = joiner
@@ -4913,13 +4923,22 @@ class Joining:
                 out.append(seg)
                 continue
             if type(seg) is ParsedLines:  # parsed by a stage before (Unwrapping)
-                out += joiner.feed(seg.lines, seg.documents)
+                out += self._parsed(seg)
                 continue
             chunk = seg.lines
             if seg.strip_cr and 0x0D in chunk:
                 chunk = chunk.replace(b"\r\n", b"\n")
             out += joiner.feed(chunk)
         return out
+
+    def _parsed(self, item: ParsedLines) -> list:
+        """item through the Joiner: what its held lines give counted held
+        too (answered, see Ledger), then its other lines."""
+        if not item.held:
+            return self._joiner.feed(item.lines, item.documents)
+        held, rest = item.split(item.held)
+        out = all_held(self._joiner.feed(held.lines, held.documents))
+        return out + self._joiner.feed(rest.lines, rest.documents) if rest else out
 
     def flush(self) -> list:
         """Every line held, now."""

@@ -338,12 +338,13 @@ def long_entries(runtime: str) -> bytes:
             + when + b"F " + pieces[1].encode() + b"\n")
 
 
+@pytest.mark.parametrize("extra", [[], ["--multiline", "go"]])
 @pytest.mark.parametrize("runtime", ["docker", "cri"])
-def test_confirm_answers_once_a_line_cut_in_pieces(receiver, runtime):
+def test_confirm_answers_once_a_line_cut_in_pieces(receiver, runtime, extra):
     """An entry over --max-line-bytes leaves in pieces; its line gets one reply."""
     data = long_entries(runtime)
     result = run(["-c", receiver.endpoint, "-q", "--confirm", f"--{runtime}",
-                  "--max-line-bytes", "8192", "app"], data)
+                  "--max-line-bytes", "8192", *extra, "app"], data)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split(b"\n")[:-1] == [b"OK"] * (data.count(b"\n") + 1)
     assert receiver.wait_for(6, 30) >= 6
