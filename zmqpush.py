@@ -4726,7 +4726,8 @@ class Unwrapping:
         """The run's events as one ParsedLines; its held lines (see Segment)
         are the events that end no line just read: pieces cut off a message,
         and what earlier lines left held (--confirm answered those, or
-        answers them with the line that ends them: one reply per line)."""
+        answers them with the line that ends them: one reply per line).
+        Counted per call: exact when lines come one at a time (Ledger)."""
         if lines:
             out.append(ParsedLines(b"".join(lines), documents, self._run_held))
         self._run_held = 0
