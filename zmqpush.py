@@ -2838,13 +2838,20 @@ class LineFramer:
     ASCII is repaired here, and cut again if it grew past the limit (the
     encoder finds it valid then).  Shorter lines, the common case, cost no
     test beyond a comparison or a few searches (see _fits_repaired).
+
+    piece_bytes (at most max_line_bytes, 4 or more; max_line_bytes if not
+    given): the size of the pieces, all of a line's pieces, its last one
+    too, when lines up to max_line_bytes must come whole (--docker, --cri:
+    an envelope is parsed whole) while the messages' limit is smaller.
     """
 
-    def __init__(self, max_line_bytes: int):
+    def __init__(self, max_line_bytes: int, piece_bytes: int | None = None):
         self._max = max_line_bytes
+        self._piece = max_line_bytes if piece_bytes is None else piece_bytes
         self._lone = min(max_line_bytes, LONE_LINE_BYTES)
         self._third = max_line_bytes // 3  # a line this long fits even once repaired
         self._pending = bytearray()
+        self._cutting = False  # pieces of the pending line left: its tail is cut too
 
     def feed(self, data: bytes) -> list:
         """Segments completed by data, in order."""
@@ -2860,14 +2867,27 @@ class LineFramer:
         complete = (b"".join((self._pending, view[: newline + 1])) if self._pending
                     else data[: newline + 1])
         self._pending = bytearray(view[newline + 1:])
-        return self._repaired(self._segments(complete) + self._split_pending())
+        return self._repaired(self._tail_cut(complete) + self._split_pending())
+
+    def _tail_cut(self, complete: bytes) -> list:
+        """complete as Segments; if pieces of its first line left already,
+        that line's tail cut into pieces too (see piece_bytes)."""
+        if not self._cutting:
+            return self._segments(complete)
+        self._cutting = False
+        end = complete.index(b"\n") + 1
+        tail = self._pieces(complete[:end - 1])
+        return tail + self._segments(complete[end:]) if end < len(complete) else tail
 
     def finish(self) -> list:
         """The unfinished last line (no newline at EOF), if any."""
         if not self._pending:
             return []
-        last, self._pending = bytes(self._pending) + b"\n", bytearray()
-        return self._repaired([Segment(last, strip_cr=False)])
+        last, self._pending = bytes(self._pending), bytearray()
+        if self._cutting:
+            self._cutting = False
+            return self._repaired(self._pieces(last, strip_cr=False))
+        return self._repaired([Segment(last + b"\n", strip_cr=False)])
 
     def _repaired(self, segments: list) -> list:
         """segments, each that repair would take past the limit repaired and cut
@@ -2920,11 +2940,11 @@ class LineFramer:
         return out
 
     def _pieces(self, line: bytes, strip_cr: bool = True, continues: bool = False) -> list:
-        """line as pieces of at most max bytes (a CR that strip_cr strips not
+        """line as pieces of at most piece_bytes (a CR that strip_cr strips not
         counted), all but the last marked continues; the last is marked as
         strip_cr and continues say."""
         out = []
-        while len(line) > self._max + (strip_cr and line[-1:] == b"\r"):
+        while len(line) > self._piece + (strip_cr and line[-1:] == b"\r"):
             cut = self._cut(line)
             out.append(Segment(line[:cut] + b"\n", strip_cr=False, continues=True))
             line = line[cut:]
@@ -2932,18 +2952,21 @@ class LineFramer:
         return out
 
     def _split_pending(self) -> list:
+        """The pending line's pieces while it is over max_line_bytes (then
+        over piece_bytes)."""
         out = []
-        while len(self._pending) > self._max:
+        while len(self._pending) > (self._piece if self._cutting else self._max):
             cut = self._cut(self._pending)
             out.append(Segment(bytes(self._pending[:cut]) + b"\n",
                                strip_cr=False, continues=True))
             del self._pending[:cut]
+            self._cutting = True
         return out
 
     def _cut(self, line) -> int:
-        """Where to end a piece of at most max bytes: not inside a UTF-8
+        """Where to end a piece of at most piece_bytes: not inside a UTF-8
         character, not between CR and what follows it."""
-        cut = back = self._max
+        cut = back = self._piece
         while back > cut - 3 and back > 1 and 0x80 <= line[back] < 0xC0:
             back -= 1
         if not 0x80 <= line[back] < 0xC0:  # a character starts there
@@ -4539,9 +4562,10 @@ class Pipeline:
 
 
 def docker_entry(line: bytes) -> tuple | None:
-    """(log, stream, time) of a Docker json-file line, or None if it is not
-    one: a JSON object whose "log" and "stream" are strings and "time" an
-    ISO 8601 time."""
+    """(log, stream, time, attrs) of a Docker json-file line, or None if it
+    is not one: a JSON object whose "log" and "stream" are strings and
+    "time" an ISO 8601 time; attrs its "attrs" (--log-opt labels, env), None
+    if it has none."""
     try:
         text = line.decode("utf-8").lstrip(_JSON_SPACE)
         obj, end = _scan_json(text, 0)
@@ -4552,7 +4576,7 @@ def docker_entry(line: bytes) -> tuple | None:
     log, stream, when = obj.get("log"), obj.get("stream"), obj.get("time")
     if type(log) is not str or type(stream) is not str or not iso8601_time(when):
         return None
-    return log, stream, when
+    return log, stream, when, obj.get("attrs")
 
 
 def cri_entry(line: bytes) -> tuple | None:
@@ -4584,15 +4608,17 @@ def utf8_cut(data: bytes, most: int) -> int:
 class _Partial:
     """A stream's partial entry: its pieces (str from Docker, bytes from CRI),
     their UTF-8 length, the first piece's time, the raw lines they came in
-    (kept for --confirm only) and when the last came (the clock's time)."""
+    (kept for --confirm only), the first piece's Docker "attrs" and when
+    the last came (the clock's time)."""
 
-    __slots__ = ("count", "last", "pieces", "raw", "size", "when")
+    __slots__ = ("attrs", "count", "last", "pieces", "raw", "size", "when")
 
-    def __init__(self, when: str):
+    def __init__(self, when: str, attrs):
         self.pieces: list = []
         self.size = 0
         self.count = 0
         self.when = when
+        self.attrs = attrs
         self.raw: list = []
         self.last = 0.0
 
@@ -4601,12 +4627,13 @@ class Unwrapping:
     """The container stage (--docker, --cri): takes the framer's Segments of
     envelope lines, gives ParsedLines (see JsonEncoder.encode_parsed) whose
     lines are the events' objects as JSON: {"message": the app's line
-    without the runtime's newline, "stream": ..., "@timestamp": the
-    runtime's time}.  Each envelope is parsed once; with app_json (--json on
+    without the runtime's newline (nor one CR before it, the wire format's
+    rule), "stream": ..., "attrs": Docker's "attrs" if the entry has them,
+    "@timestamp": the runtime's time}.  Each envelope is parsed once; with app_json (--json on
     top) the app's line once more: an object is the event (under target,
     its message_key's string the message), "stream" and the runtime's time
     added ("@timestamp", or "@runtime_time" when the app's own "@timestamp"
-    is an ISO 8601 time; an app's "stream" kept under REPLACED_KEY, an invalid
+    is an ISO 8601 time; an app's "stream", "attrs" kept under REPLACED_KEY, an invalid
     "@timestamp" as "_@timestamp"), any other line marked as --json marks it.
 
     A partial entry (Docker: a "log" without its newline; CRI: tag P) is
@@ -4614,8 +4641,10 @@ class Unwrapping:
     without one, or flush(); past max_line_bytes its message leaves in
     pieces marked "@continues":true.  A line that is not an entry leaves
     as its text, marked ("tags":["_jsonparsefailure"], "@json_error"), and
-    is counted in json_failures.  Pieces of an envelope line over the
-    framer's limit pass as they are (the encoder marks them)."""
+    is counted in json_failures; past max_line_bytes in pieces as well.
+    Pieces of an envelope line over the framer's limit (cut at
+    max_line_bytes, see LineFramer's piece_bytes) pass as they are (the
+    encoder marks them)."""
 
     def __init__(self, runtime: str, max_line_bytes: int, counters: Counters, *,
                  app_json: bool = False, target: str | None = None,
@@ -4636,6 +4665,7 @@ class Unwrapping:
         self._partials: dict = {}  # stream: _Partial, in the order they began
         self._held = 0  # raw lines in the partial entries
         self._tail_due = False  # the next line is the last piece of a framed line
+        self._run_held = 0  # events of the run being built that end no line read now
 
     def feed(self, items: list) -> list:
         out, lines, documents = [], [], []
@@ -4691,38 +4721,47 @@ class Unwrapping:
         for stream, partial in list(self._partials.items()):
             if due(partial):
                 self._end(stream, lines, documents)
+                self._run_held += 1
         out: list = []
         self._close_run(out, lines, documents)
         return out
 
-    @staticmethod
-    def _close_run(out: list, lines: list, documents: list):
+    def _close_run(self, out: list, lines: list, documents: list):
+        """The run's events as one ParsedLines; its held lines (see Segment)
+        are the events that end no line just read: pieces cut off a message,
+        and what earlier lines left held (--confirm answered those, or
+        answers them with the line that ends them: one reply per line).
+        Counted per call: exact when lines come one at a time (Ledger)."""
         if lines:
-            out.append(ParsedLines(b"".join(lines), documents))
+            out.append(ParsedLines(b"".join(lines), documents, self._run_held))
+        self._run_held = 0
 
     def _take(self, raw: bytes, lines: list, documents: list):
         """One envelope line: its event added to lines and documents, or held."""
         entry = self._entry(raw)
         if entry is None:
             self._counters.json_failures += 1
-            self._add({"message": raw.decode("utf-8", "replace"), "tags": [JSON_FAILURE_TAG],
-                       JSON_ERROR_KEY: self._what}, lines, documents)
+            self._not_entry(raw.decode("utf-8", "replace"), lines, documents)
             return
         if self._docker:
-            message, stream, when = entry
+            message, stream, when, attrs = entry
             partial = not message.endswith("\n")
             if not partial:
                 message = message[:-1]
+                if message.endswith("\r") and stream not in self._partials:
+                    message = message[:-1]  # a held entry's CR goes in _end
         else:
             message, stream, when, partial = entry
+            attrs = None
         held = self._partials.get(stream)
         if held is None and not partial and len(message) * self._widest <= self._max:
-            self._add(self._event(message, stream, when), lines, documents)
+            self._add(self._event(message, stream, when, attrs), lines, documents)
             return  # the common case: a whole entry that fits
         if held is None:
-            held = self._partials[stream] = _Partial(when)
+            held = self._partials[stream] = _Partial(when, attrs)
             while len(self._partials) > CONTAINER_STREAMS:
                 self._end(next(iter(self._partials)), lines, documents)
+                self._run_held += 1
         held.pieces.append(message)
         held.size += len(message) if isinstance(message, bytes) else len(
             message.encode("utf-8", "surrogatepass"))
@@ -4734,7 +4773,24 @@ class Unwrapping:
         if held.size > self._max:
             self._cut(stream, held, lines, documents)
         if not partial:
-            self._end(stream, lines, documents)
+            self._end(stream, lines, documents, whole=True)
+
+    def _not_entry(self, text: str, lines: list, documents: list):
+        """A line that is not an entry, as its text, marked; past
+        max_line_bytes in pieces, all but the last marked "@continues"
+        (held lines, see _close_run)."""
+        if len(text) * 3 > self._max:  # else it fits: the common case
+            data = text.encode("utf-8")
+            while len(data) > self._max:
+                cut = utf8_cut(data, self._max)
+                self._add({"message": data[:cut].decode("utf-8"), "@continues": True,
+                           "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: self._what},
+                          lines, documents)
+                self._run_held += 1
+                data = data[cut:]
+            text = data.decode("utf-8")
+        self._add({"message": text, "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: self._what},
+                  lines, documents)
 
     def _cut(self, stream: str, held: _Partial, lines: list, documents: list):
         """held's message while over max_line_bytes: pieces marked continues."""
@@ -4742,36 +4798,41 @@ class Unwrapping:
             held.pieces).encode("utf-8", "surrogatepass")
         while len(data) > self._max:
             cut = utf8_cut(data, self._max)
-            self._add(self._event(self._text(data[:cut]), stream, held.when, cut=True),
-                      lines, documents)
+            self._add(self._event(self._text(data[:cut]), stream, held.when, held.attrs,
+                                  cut=True), lines, documents)
+            self._run_held += 1
             data = data[cut:]
         held.pieces = [data if isinstance(held.pieces[0], bytes)
                        else data.decode("utf-8", "surrogatepass")]
         held.size = len(data)
 
-    def _end(self, stream: str, lines: list, documents: list):
-        """A stream's partial entry leaves as one event (or as its last piece)."""
+    def _end(self, stream: str, lines: list, documents: list, whole: bool = False):
+        """A stream's partial entry leaves as one event (or as its last piece);
+        whole: its last piece came (a Docker CR it ends with then goes)."""
         held = self._partials.pop(stream)
         self._held -= held.count
         message = held.pieces[0][:0].join(held.pieces)
-        self._add(self._event(message, stream, held.when), lines, documents)
+        if whole and self._docker and message.endswith("\r"):
+            message = message[:-1]
+        self._add(self._event(message, stream, held.when, held.attrs), lines, documents)
 
     @staticmethod
     def _text(message) -> str:
         """A message as text: invalid UTF-8 (CRI) as U+FFFD."""
         return message.decode("utf-8", "replace") if isinstance(message, bytes) else message
 
-    def _event(self, message, stream: str, when: str, cut: bool = False) -> dict:
+    def _event(self, message, stream: str, when: str, attrs=None, cut: bool = False) -> dict:
         """The event of an entry's message (see the class)."""
         message = self._text(message)
+        ours = {"stream": stream} if attrs is None else {"stream": stream, "attrs": attrs}
         if self._app_json and not cut:
             obj, why = self._app_object(message)
             if obj is not None:
-                return self._app_event(obj, stream, when)
+                return self._app_event(obj, ours, when)
             self._counters.json_failures += 1
-            return {"message": message, "stream": stream, "@timestamp": when,
+            return {"message": message, **ours, "@timestamp": when,
                     "tags": [JSON_FAILURE_TAG], JSON_ERROR_KEY: why}
-        event = {"message": message, "stream": stream, "@timestamp": when}
+        event = {"message": message, **ours, "@timestamp": when}
         if cut:
             event["@continues"] = True
         return event
@@ -4795,15 +4856,16 @@ class Unwrapping:
             return None, BRACKET_KEY_REFUSAL
         return obj, None
 
-    def _app_event(self, obj: dict, stream: str, when: str) -> dict:
-        """The app's object as the event, with the runtime's stream and time."""
+    def _app_event(self, obj: dict, ours: dict, when: str) -> dict:
+        """The app's object as the event, with the runtime's fields (ours:
+        "stream", Docker's "attrs") and time."""
         key = self._message_key
         message = obj.pop(key) if key and isinstance(obj.get(key), str) else None
         event = {self._target: obj} if self._target is not None else obj
         if message is not None:
             event["message"] = message
         fixes = fix_reserved(event)  # an invalid "@timestamp" goes to "_@timestamp"
-        ours = {"stream": stream, "@runtime_time" if "@timestamp" in event else "@timestamp": when}
+        ours = {**ours, "@runtime_time" if "@timestamp" in event else "@timestamp": when}
         if fixes:
             ours[JSON_ERROR_KEY] = "; ".join(fixes)
             self._counters.json_fixed += 1
@@ -4832,12 +4894,22 @@ class Unwrapping:
         documents.append((text, event, len(text), True))
 
 
+def all_held(items: list) -> list:
+    """items, every line of each counted as held before (see Segment.held)."""
+    for item in items:
+        if type(item) is Joined:
+            item.held = item.nlines()
+    return [item if type(item) is Joined else item._replace(held=item.nlines())
+            for item in items]
+
+
 class Joining:
     """The joining stage (--multiline, --multiline-pattern): a Joiner (with
     --json or --journal, its ObjectView).  Takes the framer's Segments, gives
     items: Segments (ParsedLines) and Joined events.  A piece of an over-long line ends the
     pending event and passes as it is; a run's CR before newline is stripped
-    here where the framer says so."""
+    here where the framer says so.  What the held lines of a ParsedLines
+    (pieces Unwrapping cut) give is counted held too."""
 
     def __init__(self, joiner, timeout: float):
         self._joiner = joiner
@@ -4852,13 +4924,22 @@ class Joining:
                 out.append(seg)
                 continue
             if type(seg) is ParsedLines:  # parsed by a stage before (Unwrapping)
-                out += joiner.feed(seg.lines, seg.documents)
+                out += self._parsed(seg)
                 continue
             chunk = seg.lines
             if seg.strip_cr and 0x0D in chunk:
                 chunk = chunk.replace(b"\r\n", b"\n")
             out += joiner.feed(chunk)
         return out
+
+    def _parsed(self, item: ParsedLines) -> list:
+        """item through the Joiner: what its held lines give counted held
+        too (answered, see Ledger), then its other lines."""
+        if not item.held:
+            return self._joiner.feed(item.lines, item.documents)
+        held, rest = item.split(item.held)
+        out = all_held(self._joiner.feed(held.lines, held.documents))
+        return out + self._joiner.feed(rest.lines, rest.documents) if rest else out
 
     def flush(self) -> list:
         """Every line held, now."""
@@ -5189,8 +5270,8 @@ def build_pipeline(config: Config, sink: ByteQueue, *, encoder, counters: Counte
     them).  Within the running loop."""
     framed = (config.max_line_bytes if config.container is None
               else max(config.max_line_bytes, CONTAINER_LINE_BYTES))
-    parts = dict(framer=LineFramer(framed), encoder=encoder, counters=counters,
-                 replies=replies)
+    parts = dict(framer=LineFramer(framed, config.max_line_bytes), encoder=encoder,
+                 counters=counters, replies=replies)
     multiline = config.multiline
     if multiline is None and config.container is None:
         return Pipeline(sink, **parts)

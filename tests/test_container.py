@@ -326,6 +326,34 @@ def test_confirm_answers_every_line_once(receiver, written):
     assert by_stream(receiver.events()) == {"stdout": stdout_of(runtime), "stderr": [TRACE]}
 
 
+def long_entries(runtime: str) -> bytes:
+    """A 20,000-byte line as one entry, then as pieces of 16 KiB (Docker's)."""
+    line = "z" * 20000
+    pieces = [line[:16384], line[16384:]]
+    if runtime == "docker":
+        return docker_line(line + "\n") + b"".join(
+            docker_line(p + "\n" * (i == 1)) for i, p in enumerate(pieces))
+    when = b"2026-11-27T10:00:00.1Z stdout "
+    return (when + b"F " + line.encode() + b"\n" + when + b"P " + pieces[0].encode() + b"\n"
+            + when + b"F " + pieces[1].encode() + b"\n")
+
+
+@pytest.mark.parametrize("extra", [[], ["--multiline", "go"]])
+@pytest.mark.parametrize("runtime", ["docker", "cri"])
+def test_confirm_answers_once_a_line_cut_in_pieces(receiver, runtime, extra):
+    """An entry over --max-line-bytes leaves in pieces; its line gets one reply."""
+    data = long_entries(runtime)
+    result = run(["-c", receiver.endpoint, "-q", "--confirm", f"--{runtime}",
+                  "--max-line-bytes", "8192", *extra, "app"], data)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(b"\n")[:-1] == [b"OK"] * (data.count(b"\n") + 1)
+    assert receiver.wait_for(6, 30) >= 6
+    receiver.settle(0.3)
+    events = receiver.events()
+    assert [len(e["message"]) for e in events] == [8192, 8192, 3616] * 2
+    assert [e.get("@continues", False) for e in events] == [True, True, False] * 2
+
+
 # ------------------------------------------------------------------ stage --
 
 def unwrapping(runtime="docker", max_line_bytes=64 << 10, clock=lambda: 0.0, **kwargs):
@@ -481,3 +509,63 @@ def test_each_envelope_parsed_once_and_the_apps_json_once_more(monkeypatch, app_
     assert len(b"".join(lines)) > zmqpush.JSON_RUN_BYTES
     assert messages == [f"line {n}" if app_json else app[n] for n in range(3000)] + [TRACE]
     assert len(parses) == len(lines) * (1 + app_json) + 1
+
+
+def test_stage_keeps_docker_attrs_and_the_apps_own_under_replaced():
+    attrs = {"tag": "web", "env": "prod"}
+    line = json.dumps({"log": '{"attrs":1,"a":2}\n', "stream": "stdout", "attrs": attrs,
+                       "time": "2026-11-27T10:00:00.1Z"}).encode() + b"\n"
+    [plain] = events_of(unwrapping().feed([zmqpush.Segment(line)]))
+    assert plain["attrs"] == attrs and plain["message"] == '{"attrs":1,"a":2}'
+    [app] = events_of(unwrapping(app_json=True).feed([zmqpush.Segment(line)]))
+    assert app["attrs"] == attrs and app["a"] == 2
+    assert app[zmqpush.REPLACED_KEY] == {"attrs": 1}
+
+
+@pytest.mark.parametrize("pieces, message", [
+    (["tty\r\n"], "tty"), (["tty", "\r\n"], "tty"), (["tty\r", "\n"], "tty"),
+    (["tty\r\r\n"], "tty\r"), (["tty\r"], "tty\r")])
+def test_stage_drops_one_cr_before_a_docker_newline_as_cri_does(pieces, message):
+    stage = unwrapping()
+    out = stage.feed([zmqpush.Segment(b"".join(docker_line(p) for p in pieces))])
+    assert [e["message"] for e in events_of(out + stage.flush())] == [message]
+    cri = unwrapping("cri").feed([zmqpush.Segment(
+        b"2026-11-27T10:00:00.1Z stdout F " + message.encode() + b"\r\n")])
+    assert message == "tty\r" or [e["message"] for e in events_of(cri)] == [message]
+
+
+def test_stage_cuts_a_line_that_is_not_an_entry_at_max_line_bytes():
+    """Its pieces marked @continues, held lines but the last (one reply with --confirm)."""
+    counters = zmqpush.Counters()
+    stage = zmqpush.Unwrapping("cri", 8, counters)
+    text = "abcdé" * 4 + "\ufffd"
+    [item] = stage.feed([zmqpush.Segment(text.encode()[:-3] + b"\xff\n")])
+    events = events_of([item])
+    assert all(len(e["message"].encode()) <= 8 for e in events)
+    assert "".join(e["message"] for e in events) == text
+    assert [e.get("@continues", False) for e in events] == [True] * 3 + [False]
+    assert all(e["tags"] == ["_jsonparsefailure"] for e in events)
+    assert item.held == 3 and counters.json_failures == 1
+
+
+@pytest.mark.parametrize("runtime, size, limit", [("cri", 5000, 1000),
+                                                  ("docker", 300000, None)])
+def test_a_line_that_is_not_an_entry_leaves_in_pieces_within_max_line_bytes(
+        receiver, runtime, size, limit):
+    limit_args = ["--max-line-bytes", str(limit)] if limit else []
+    line = bytes(range(48, 58)) * (size // 10)
+    data = line + b"\n" + docker_line("after\n") if runtime == "docker" else \
+        line + b"\n2026-11-27T10:00:00.1Z stdout F after\n"
+    result = run(["-c", receiver.endpoint, "-q", "--confirm", f"--{runtime}", *limit_args,
+                  "app"], data)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(b"\n")[:-1] == [b"OK"] * 3
+    limit = limit or zmqpush.DEFAULT_MAX_LINE_BYTES
+    pieces = -(-size // limit)
+    assert receiver.wait_for(pieces + 1, 30) >= pieces + 1
+    receiver.settle(0.3)
+    events = receiver.events()
+    assert [e["message"] for e in events[pieces:]] == ["after"]
+    assert all(len(e["message"]) <= limit for e in events)
+    assert "".join(e["message"] for e in events[:pieces]) == line.decode()
+    assert [e.get("@continues", False) for e in events[:pieces]] == [True] * (pieces - 1) + [False]

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmqpush
 
@@ -47,6 +49,22 @@ def test_framer_keeps_the_unfinished_line_and_cuts_long_ones():
     assert framer.feed(b"tail") == [] and framer.finish() == [
         zmqpush.Segment(b"tail\n", strip_cr=False)]
     assert framer.finish() == []
+
+
+@pytest.mark.parametrize("reads", [1, 7])
+def test_framer_cuts_every_piece_of_a_line_over_its_limit_at_piece_bytes(reads):
+    """--docker, --cri: lines up to the framer's limit come whole, a longer
+    one in pieces of piece_bytes, its tail too (fed at once or in reads)."""
+    framer = zmqpush.LineFramer(12, 5)
+    data = b"0123456789ab\n" + b"x" * 23 + b"\n" + b"y" * 14
+    step = -(-len(data) // reads)
+    segments = [seg for start in range(0, len(data), step)
+                for seg in framer.feed(data[start:start + step])] + framer.finish()
+    assert [(s.lines, s.continues) for s in segments if b"x" in s.lines] == [
+        (b"xxxxx\n", True)] * 4 + [(b"xxx\n", False)]
+    assert segments[0].lines == b"0123456789ab\n"
+    assert b"".join(s.lines[:-1] for s in segments if b"y" in s.lines) == b"y" * 14
+    assert all(len(s.lines) <= 6 for s in segments[1:])
 
 
 def test_framer_never_cuts_between_a_cr_and_what_follows_it():
