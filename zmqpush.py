@@ -2707,13 +2707,17 @@ class JournalEncoder(JsonEncoder):
         """(fields, notes): the entry's fields as the event carries them."""
         event, notes = {}, []
         if "MESSAGE" in obj:
-            message = journal_value(obj.pop("MESSAGE"))
-            if isinstance(message, list):
-                message = "\n".join(m for m in message if isinstance(m, str))
-            if message is None:
-                notes.append("MESSAGE is null (over 4096 bytes: run journalctl with --all)")
-            else:
+            message = journal_value(obj["MESSAGE"])
+            if isinstance(message, list) and all(isinstance(m, str) for m in message):
+                message = "\n".join(message)
+            if isinstance(message, str):
                 event["message"] = message
+                del obj["MESSAGE"]
+            elif message is None:
+                del obj["MESSAGE"]
+                notes.append("MESSAGE is null (over 4096 bytes: run journalctl with --all)")
+            else:  # kept as it came, under JOURNAL_REST_KEY
+                notes.append(f"MESSAGE is neither text nor bytes: kept under {JOURNAL_REST_KEY}")
         stamp = obj.get("__REALTIME_TIMESTAMP")
         when = iso8601_micros(int(stamp)) if journal_number(stamp) else None
         if when is not None:
@@ -2723,11 +2727,13 @@ class JournalEncoder(JsonEncoder):
             event["@metadata"] = {"_id": obj.pop("__CURSOR")}
         for field, plain, ecs, number in JOURNAL_FIELDS:
             value = journal_value(obj.get(field))
+            several = isinstance(value, list) and len(value) > 1  # all kept, JOURNAL_REST_KEY
             if isinstance(value, list):
                 value = value[0] if value else None
             if not isinstance(value, str):
                 continue
-            del obj[field]
+            if not several:
+                del obj[field]
             _put(event, ecs if self._ecs else plain,
                  int(value) if number and journal_number(value) else value)
         if obj:

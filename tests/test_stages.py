@@ -268,6 +268,18 @@ def test_journal_encoder_keeps_the_read_time_beside_the_entry_time():
                                  "event": {"created": "2001-09-09T01:46:40.000Z"}}
 
 
+def test_journal_encoder_loses_no_value_it_cannot_map():
+    """A MESSAGE that is neither text nor bytes stays under "journald", said in
+    "@json_error"; a field journald repeated keeps every value there too."""
+    encoder = zmqpush.JournalEncoder(b"t", 7, batch=False)
+    entry = b'{"MESSAGE":[300,-1],"_PID":["1","2"],"SYSLOG_IDENTIFIER":"app"}\n'
+    (event,), _ = encoder.encode(entry)
+    event = json.loads(event)
+    assert "message" not in event and event["journald"]["MESSAGE"] == [300, -1]
+    assert "MESSAGE is neither text nor bytes" in event["@json_error"]
+    assert event["pid"] == 1 and event["journald"]["_PID"] == ["1", "2"]
+
+
 # ---------------------------------------------------------- sink, pipeline --
 
 class _Replies:
