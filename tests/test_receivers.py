@@ -194,8 +194,9 @@ def test_running_receivers_keep_getting_lines_while_others_are_stopped(
     do not hold the producer, and the running receivers get at least their
     round-robin share of what is written meanwhile (every line once the
     stopped receivers' bounded queues are full).  zmqpush deals a read's lines
-    to one receiver at a time: --coalesce 0 makes a read hold one line here, so
-    that the share is counted in lines (a window's reads hold about 25)."""
+    to one receiver at a time: --coalesce 0 makes a read hold one line here
+    (now and then two: 2% slack), so that the share is counted in lines (a
+    window's reads hold about 25); a stall would give the running ones none."""
     run = run_factory(receivers, stopped, size, more=("--coalesce", "0"))
     try:
         run.go()
@@ -204,7 +205,8 @@ def test_running_receivers_keep_getting_lines_while_others_are_stopped(
         print(f"\n{run.written} lines of {size} B written, the running receivers got "
               f"{run.running_got - before} after the stop (share {share})")
         assert run.written == LINES
-        assert run.running_got - before >= share - receivers
+        # slack: a read may still hold two lines now and then, dealt to one receiver
+        assert run.running_got - before >= share - receivers - share // 50
     finally:
         code = run.finish()
     assert code == 0
