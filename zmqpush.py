@@ -4968,6 +4968,11 @@ class Joining:
         return self._joiner.holding()
 
 
+def lines_read(segments: list) -> int:
+    """The lines segments carry, each over-long line once (its last piece)."""
+    return sum(seg.nlines() for seg in segments if not seg.continues)
+
+
 def runs_within(seg: Segment, most: int) -> list:
     """seg cut at line ends into Segments of about `most` bytes at most (a
     longer line alone); a piece of a line as it is."""
@@ -5044,33 +5049,43 @@ class StagedPipeline(Pipeline):
 
     async def _hand_over(self, segments: list):
         async with self._lock:
-            if self._ledger is not None:
-                await self._ledger.take(segments, self)
-            else:
-                held_before = self.held()
-                await self._deliver_read(segments)
-                if self.sink.durable and (held_before or self.held()):
-                    self.sink.keep_held(self.holding())
+            await self._take_read(segments)
         self._arm()
 
+    async def _take_read(self, segments: list):
+        """What one read gave (or the framer's last line), through the
+        stages, queued.  Without --confirm, or with it and a durable sink: in
+        runs (see _deliver_read), then the sink keeps what the stages hold
+        (one write of `held` a read at most), then, with --confirm, every
+        line read is answered "OK" (each is spooled or kept in `held` by
+        then).  With --confirm and no durable sink the Ledger takes it."""
+        if self._ledger is not None and not self.sink.durable:
+            await self._ledger.take(segments, self)
+            return
+        held_before = self.held()
+        await self._deliver_read(segments)
+        if self.sink.durable and (held_before or self.held()):
+            self.sink.keep_held(self.holding())
+        answers = lines_read(segments) if self._ledger is not None else 0
+        if answers:
+            await self._ledger.answer(answers, self)
+
     async def _deliver_read(self, segments: list):
-        """What one read gave, through the stages, encoded and queued."""
+        """What one read gave, through the stages, encoded and queued (with
+        --confirm answered with the read: no reply as each is queued)."""
         if not self._run_bytes:
-            await self.deliver(self.through(bounded_segments(segments, ENCODE_LINES)))
+            await self._queue_held(self.through(bounded_segments(segments, ENCODE_LINES)))
             return
         for seg in bounded_segments(segments, ENCODE_LINES):  # what a stage parses of
             for run in runs_within(seg, self._run_bytes):  # one run is alive at once
-                await self.deliver(self.through([run]))
+                await self._queue_held(self.through([run]))
 
     async def finish(self):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         async with self._lock:
-            if self._ledger is not None:
-                await self._ledger.take(self._framer.finish(), self)
-            else:
-                await self.deliver(self.through(self._framer.finish()))
+            await self._take_read(self._framer.finish())
             await self.deliver_held(self.flushed(_RELEASE_ALL))
         await self.sink.put(END)
 
@@ -5164,18 +5179,23 @@ class Ledger:
     """--confirm around stages that hold lines (--multiline): rsyslog sends a
     line only once the one before it is answered, so no reply may wait for
     a stage to let a line go; every line read still gets one reply, in order
-    with all the others.  Lines go through the stages one at a time, so that
-    which item holds the line just read is told by the items' held counts.
+    with all the others.
 
-    A line that leaves as a line of its own as it is read is answered as
+    With a durable sink (a spool) a read goes through the stages as without
+    --confirm, and once the spool holds what left and the file `held` what
+    the stages hold, every line of it is answered "OK" (see
+    StagedPipeline._take_read): nothing answered is lost on a kill.
+
+    Without one, lines go through the stages one at a time, so that which
+    item holds the line just read is told by the items' held counts.  A
+    line that leaves as a line of its own as it is read is answered as
     without stages: once ZeroMQ took it (the Confirmer, which may refuse
-    it), or once the sink (a spool) holds it.  A line a stage holds is
-    answered "OK" at once, and so is one that leaves in an event with lines
-    held before.  What leaves later of lines answered already brings no
-    reply: without a durable sink it is queued as Answered items, which the
-    Confirmer writes into the transport whole and never refuses; with one, it
-    is spooled.  Held lines are lost only if zmqpush is killed (SIGKILL, a
-    crash) while they are held.
+    it).  A line a stage holds is answered "OK" at once, and so is one that
+    leaves in an event with lines held before.  What leaves later of lines
+    answered already brings no reply: it is queued as Answered items, which
+    the Confirmer writes into the transport whole and never refuses.  Held
+    lines are lost only if zmqpush is killed (SIGKILL, a crash) while they
+    are held.
 
     Without a durable sink, lines are taken only while the transport holds
     nothing (`admits`, the Confirmer's, set by the Shipper): otherwise they
@@ -5194,8 +5214,8 @@ class Ledger:
         self.admits = None  # without a durable sink: async () -> bool, whether to take lines
 
     async def take(self, segments: list, pipeline: StagedPipeline):
-        """Pass segments through pipeline's stages line by line, queue and
-        answer them (see the class)."""
+        """Without a durable sink: pass segments through pipeline's stages
+        line by line, queue and answer them (see the class)."""
         for seg in segments:
             if seg.continues:  # a piece of an over-long line: the event before it ends
                 await pipeline.deliver_held(pipeline.flushed(_RELEASE_ALL))
@@ -5213,8 +5233,7 @@ class Ledger:
 
     async def _take_line(self, line: bytes, pipeline: StagedPipeline):
         """One line (ending in b"\\n"), through the stages unless it is the
-        last piece of a line, queued and answered; then a durable sink keeps
-        what the stages hold, before the line is answered if they hold it."""
+        last piece of a line, queued and answered."""
         item = _new_tuple(Segment, (line, False, False, 0))
         if self._tail_due:
             self._tail_due = False
@@ -5223,24 +5242,17 @@ class Ledger:
         if self.admits is not None and not await self.admits():
             await pipeline.put(answered(None, 0, 1))
             return
-        held_before = pipeline.held()
         out = pipeline.through([item])
-        keep = pipeline.holding() if self._durable and (held_before or pipeline.held()) \
-            else None
         fresh = [index for index, item in enumerate(out) if item.nlines() > item.held]
         before, line_item = out[fresh[0]].split(out[fresh[0]].held) if fresh else (None, None)
         if line_item is None:  # held, or ending an event of lines answered before
             await self.queue_answered(out, 0, pipeline)
-            if keep is not None:
-                pipeline.sink.keep_held(keep)
             await self.answer(1, pipeline)
             return
         index = fresh[0]
         await self.queue_answered(out[:index] + ([before] if before else []), 0, pipeline)
         await pipeline.deliver([line_item])
         await self.queue_answered(out[index + 1:], 0, pipeline)
-        if keep is not None:
-            pipeline.sink.keep_held(keep)
 
     async def answer(self, lines: int, pipeline: StagedPipeline):
         """Answer lines "OK" now: with a durable sink at once, else as an
