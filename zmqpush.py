@@ -4913,22 +4913,33 @@ class Joining:
     """The joining stage (--multiline, --multiline-pattern): a Joiner (with
     --json or --journal, its ObjectView).  Takes the framer's Segments, gives
     items: Segments (ParsedLines) and Joined events.  A piece of an over-long line ends the
-    pending event and passes as it is; a run's CR before newline is stripped
-    here where the framer says so.  What the held lines of a ParsedLines
-    (pieces Unwrapping cut) give is counted held too."""
+    pending event and passes as it is, its last piece too (a line of its
+    own: the pieces give the line back, see README "Long lines"); a run's
+    CR before newline is stripped here where the framer says so.  What the
+    held lines of a ParsedLines (pieces Unwrapping cut) give is counted held
+    too."""
 
     def __init__(self, joiner, timeout: float):
         self._joiner = joiner
         self._timeout = timeout
+        self._tail_due = False  # the next line is the last piece of an over-long line
 
     def feed(self, items: list) -> list:
         out: list = []
         joiner = self._joiner
-        for seg in items:
+        for item in items:
+            seg = item
             if seg.continues:  # a piece of an over-long line: the event before it ends
                 out += joiner.flush()
                 out.append(seg)
+                self._tail_due = True
                 continue
+            if self._tail_due:
+                self._tail_due = False
+                last_piece, seg = seg.split(1)
+                out.append(last_piece)
+                if seg is None:
+                    continue
             if type(seg) is ParsedLines:  # parsed by a stage before (Unwrapping)
                 out += self._parsed(seg)
                 continue
@@ -5203,46 +5214,42 @@ class Ledger:
     (rsyslog sends them again), so that what is answered and not handed stays
     about one event, and a receiver's outage is rsyslog's to buffer.
 
-    The last piece of an over-long line (see LineFramer) never enters a
-    stage: it is answered as a line of its own, after its other pieces."""
+    The stages pass the pieces of an over-long line (see LineFramer) as they
+    are: the line is answered as a line of its own, after its last piece."""
 
     def __init__(self, replies: Replies, durable: bool, counters: Counters):
         self._replies = replies
         self._durable = durable
         self._counters = counters
-        self._tail_due = False  # a piece left: the next line is its line's last piece
+        self._piece_left = False  # the next line is the last piece of an over-long line
         self.admits = None  # without a durable sink: async () -> bool, whether to take lines
 
     async def take(self, segments: list, pipeline: StagedPipeline):
         """Without a durable sink: pass segments through pipeline's stages
-        line by line, queue and answer them (see the class)."""
+        line by line (a piece of an over-long line as it is), queue and
+        answer them (see the class)."""
         for seg in segments:
-            if seg.continues:  # a piece of an over-long line: the event before it ends
-                await pipeline.deliver_held(pipeline.flushed(_RELEASE_ALL))
-                await pipeline.deliver([seg])
-                self._tail_due = True
+            if seg.continues:
+                await self._take_line(seg, pipeline)
                 continue
-            chunk = seg.lines
-            if seg.strip_cr and 0x0D in chunk:
-                chunk = chunk.replace(b"\r\n", b"\n")
-            start = 0
-            while start < len(chunk):
-                end = chunk.index(b"\n", start) + 1
-                await self._take_line(chunk[start:end], pipeline)
+            lines, start = seg.lines, 0
+            while start < len(lines):
+                end = lines.index(b"\n", start) + 1
+                await self._take_line(_new_tuple(Segment, (lines[start:end], seg.strip_cr,
+                                                           False, 0)), pipeline)
                 start = end
 
-    async def _take_line(self, line: bytes, pipeline: StagedPipeline):
-        """One line (ending in b"\\n"), through the stages unless it is the
-        last piece of a line, queued and answered."""
-        item = _new_tuple(Segment, (line, False, False, 0))
-        if self._tail_due:
-            self._tail_due = False
-            await pipeline.deliver([item])
-            return
-        if self.admits is not None and not await self.admits():
+    async def _take_line(self, line: Segment, pipeline: StagedPipeline):
+        """One line (or piece of one) through the stages, queued and answered.
+        A piece and its line's last piece are never refused alone (the
+        stages pass them as they are, see Joining: the line's reply is the
+        last piece's)."""
+        piece = self._piece_left or line.continues
+        self._piece_left = line.continues
+        if not piece and self.admits is not None and not await self.admits():
             await pipeline.put(answered(None, 0, 1))
             return
-        out = pipeline.through([item])
+        out = pipeline.through([line])
         fresh = [index for index, item in enumerate(out) if item.nlines() > item.held]
         before, line_item = out[fresh[0]].split(out[fresh[0]].held) if fresh else (None, None)
         if line_item is None:  # held, or ending an event of lines answered before

@@ -365,6 +365,52 @@ def test_joining_pipeline_joins_across_reads_and_flushes_at_the_end():
     asyncio.run(go())
 
 
+LONG = [b"a", b" a2", b"y" * 20 + b"\r", b" y2\r", b"z"]  # max 16 bytes: "y"*20 in pieces
+PATTERN = ["--multiline-pattern", r"^\s", "--multiline-match", "after", "--max-line-bytes", "16"]
+
+
+def test_joining_passes_an_over_long_lines_pieces_and_its_last_as_they_are():
+    """A piece of an over-long line ends the pending event; its last piece
+    is a line of its own, never the start of an event (the pieces give the
+    line back)."""
+    async def go():
+        sink, pipeline = _pipeline(PATTERN)
+        await pipeline.feed(chunk(LONG), 0.0)
+        await pipeline.finish()
+        items = _drain(sink)
+        return messages_of(items), [json.loads(m).get("@continues") for p in items[:-1]
+                                    for m in p.messages]
+    messages, continues = asyncio.run(go())
+    assert messages == ["a\n a2", "y" * 16, "yyyy", " y2", "z"]
+    assert continues == [None, True, None, None, None]
+
+
+def test_ledger_without_durable_sink_answers_an_over_long_line_as_its_own():
+    """--confirm --multiline without a spool: the pieces go to ZeroMQ as lines
+    of their own (the last one's reply is the line's: the Confirmer's), the
+    lines held are answered "OK" at once, a line at a time as rsyslog sends
+    them or all in one read."""
+    async def go(reads: list) -> list:
+        sink, pipeline = _pipeline(["--confirm", *PATTERN], replies=_Replies())
+        for data in reads:
+            await pipeline.feed(data, 0.0)
+        await pipeline.finish()
+        out = []
+        for item in _drain(sink)[:-1]:
+            if type(item) is zmqpush.Answered:
+                out.append(("answered", messages_of([item]), item.answers))
+            else:
+                out.append(("sent", messages_of([item]), item.ends_line))
+        return out
+    expected = [("answered", [], 1), ("answered", [], 1),  # a, a2 held
+                ("answered", ["a\n a2"], 0), ("sent", ["y" * 16], [False]),
+                ("sent", ["yyyy"], [True]), ("answered", [], 1),  # y2 held
+                ("answered", [" y2"], 0), ("answered", [], 1),  # z held
+                ("answered", ["z"], 0)]
+    assert asyncio.run(go([chunk(LONG)])) == expected
+    assert asyncio.run(go([line + b"\n" for line in LONG])) == expected
+
+
 def test_ledger_answers_each_line_once_in_order():
     """--confirm --multiline with a durable sink: held lines "OK" at once,
     every line one reply, the event spooled once, with no reply due."""
