@@ -1656,6 +1656,18 @@ _MECHANISM_MISMATCH = 0x11000002
 _CRYPTOGRAPHIC = 0x11000001
 
 
+def ready_messages(socket_of, zmq):
+    """Every message ready now on a ZeroMQ socket watched through its FD
+    (which signals edges only: a reader takes all that is ready), each as its
+    frames; socket_of() gives the socket, None once it is closed (then no
+    more, even in the middle)."""
+    while True:
+        sock = socket_of()
+        if sock is None or not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return
+        yield sock.recv_multipart(zmq.NOBLOCK)
+
+
 class Gatekeeper:
     """Watches the security of connections.  In --bind mode with CURVE or
     --allow it is the socket context's ZAP handler (RFC 27): a ROUTER socket on
@@ -1704,11 +1716,9 @@ class Gatekeeper:
             self._handler = None
 
     def _answer(self):
-        """Answer every ZAP request ready now (ZeroMQ's FD signals edges only)."""
+        """Answer every ZAP request ready now."""
         zmq = self._zmq
-        while self._handler is not None and \
-                self._handler.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            frames = self._handler.recv_multipart(zmq.NOBLOCK)
+        for frames in ready_messages(lambda: self._handler, zmq):
             routing, request = frames[:2], frames[2:]
             status, text = self.decide(request)
             request_id = request[1] if len(request) > 1 else b""
@@ -6656,11 +6666,8 @@ class Connections:
         self._monitor = None
 
     def read_events(self):
-        """Handle every monitor event ready now (ZeroMQ's FD signals edges only)."""
-        zmq = self._zmq
-        while self._monitor is not None and \
-                self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            head, endpoint = self._monitor.recv_multipart(zmq.NOBLOCK)
+        """Handle every monitor event ready now."""
+        for head, endpoint in ready_messages(lambda: self._monitor, self._zmq):
             event = int.from_bytes(head[:2], sys.byteorder)
             value = int.from_bytes(head[2:6], sys.byteorder, signed=True)
             self._on_monitor_event(event, value, endpoint.decode(errors="replace"))

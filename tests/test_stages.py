@@ -611,3 +611,33 @@ def test_held_file_without_stage_counts_is_the_first_stages(tmp_path):
     assert asyncio.run(found(body + counts.pack(1) + counts.pack(1))) == [TRACE[:1], TRACE[1:2]]
     assert asyncio.run(found(body + counts.pack(3))) == []
 
+
+# ------------------------------------------------------------------ sockets --
+
+def test_ready_messages_drains_a_socket_until_it_is_empty_or_closed():
+    """The one loop that reads a ZeroMQ socket watched through its FD (ZAP
+    requests, monitor events): every message ready, then nothing; nothing
+    more once the socket is gone."""
+    import zmq
+    context = zmq.Context()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    try:
+        pull.bind("inproc://ready")
+        push.connect("inproc://ready")
+        for n in range(3):
+            push.send_multipart([b"head", b"%d" % n])
+        assert list(zmqpush.ready_messages(lambda: pull, zmq)) == [
+            [b"head", b"0"], [b"head", b"1"], [b"head", b"2"]]
+        assert list(zmqpush.ready_messages(lambda: pull, zmq)) == []
+        push.send(b"again")
+        push.send(b"left")
+        holder = [pull]
+        taken = []
+        for frames in zmqpush.ready_messages(lambda: holder[0], zmq):
+            taken.append(frames)
+            holder[0] = None  # closed while handling the first
+        assert taken == [[b"again"]]
+    finally:
+        push.close(linger=0)
+        pull.close(linger=0)
+        context.term()
