@@ -215,6 +215,20 @@ def receiver():
     r.stop()
 
 
+@pytest.fixture
+def json_parses(monkeypatch) -> list:
+    """Every JSON parse zmqpush makes from here on (its _scan_json), as
+    (text, where the document starts), in order: a stage test counts them."""
+    import zmqpush
+    parses, scan = [], zmqpush._scan_json
+
+    def counted(text, at):
+        parses.append((text, at))
+        return scan(text, at)
+    monkeypatch.setattr(zmqpush, "_scan_json", counted)
+    return parses
+
+
 def cli(*args) -> list:
     """The installed zmqpush.py command with args, run by path as a user runs it."""
     return [ZMQPUSH, *args]

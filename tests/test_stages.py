@@ -511,16 +511,9 @@ def test_ledger_with_a_spool_writes_held_lines_once_a_read(tmp_path, monkeypatch
     assert [r for r in renames if r.endswith("held")] == [str(tmp_path / "held")]
 
 
-def test_per_source_pipeline_parses_each_json_line_once(monkeypatch):
+def test_per_source_pipeline_parses_each_json_line_once(json_parses):
     """--json --multiline: the joiner's parse of a line is the encoder's too,
     over a read longer than a run the stage takes at once."""
-    parses = []
-    scan = zmqpush._scan_json
-
-    def counted(text, at):
-        parses.append(text)
-        return scan(text, at)
-    monkeypatch.setattr(zmqpush, "_scan_json", counted)
 
     async def go():
         sink = zmqpush.ByteQueue(1 << 30)
@@ -538,21 +531,13 @@ def test_per_source_pipeline_parses_each_json_line_once(monkeypatch):
     assert messages[10] == "\n".join(t.decode() for t in TRACE)
     assert messages[:10] + messages[11:] == [f"{n} line" for n in range(3000)]
     # each line once, the joined event's first line too (see ObjectView)
-    assert len(parses) == len(lines), [p for p in parses if "Traceback" in p]
+    assert len(json_parses) == len(lines), [p for p, _ in json_parses if "Traceback" in p]
 
 
-def test_per_source_pipeline_parses_mixed_lines_once(monkeypatch):
+def test_per_source_pipeline_parses_mixed_lines_once(json_parses):
     """--json --multiline on lines that are not all objects with a message
     (text, an object without one, leading space, invalid UTF-8): each JSON
     object is still parsed once, the joiner's parse being the encoder's."""
-    parses = []
-    scan = zmqpush._scan_json
-
-    def counted(text, at):
-        if text[at:at + 1] == "{":
-            parses.append(text)
-        return scan(text, at)
-    monkeypatch.setattr(zmqpush, "_scan_json", counted)
     trace = [json.dumps({"message": t.decode()}).encode() for t in TRACE]
     lines = [b'{"message":"a"}', b"plain text", b'{"n":1}', b' {"message":"spaced"}',
              *trace, b'{"message":"10:00 b"}', b"\xff", b'{"message":"10:00 c"}']
@@ -571,7 +556,8 @@ def test_per_source_pipeline_parses_mixed_lines_once(monkeypatch):
     assert [e.get("message", e.get("n")) for e in events] == [
         "a", "plain text", 1, "spaced", "\n".join(t.decode() for t in TRACE), "10:00 b",
         "\ufffd", "10:00 c"]
-    assert len(parses) == len(lines) - 2, parses  # every line but the two not JSON
+    objects = [text for text, at in json_parses if text[at:at + 1] == "{"]
+    assert len(objects) == len(lines) - 2, objects  # every line but the two not JSON
 
 
 def test_a_run_without_stages_ships_lines_a_ledger_left_held(tmp_path):
