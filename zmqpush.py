@@ -3724,8 +3724,8 @@ class TextView:
         return record
 
     @staticmethod
-    def done():
-        """The end of a call to feed()."""
+    def done(firsts: list = ()):
+        """The end of a call to feed(); firsts: the pending events' first records."""
 
 
 class Joiner:
@@ -3816,7 +3816,7 @@ class Joiner:
                     self._take(view.source(record), line, record, now, out)
             index += 1
             pos = end + 1
-        view.done()
+        view.done([p.records[0] for p in self._pending.values() if p.records])
         return out.items()
 
     def flush(self) -> list:
@@ -4009,7 +4009,8 @@ class ObjectView:
     an object its text; the source is the values of keys (lines that are
     not objects one source of their own).  Each line is parsed once here:
     its parse goes with it to the encoder (see ParsedLines) unless a later
-    call emits it (held lines keep no parse: the memory bound).
+    call emits it (held lines keep no parse, the memory bound, but for the
+    first line of each pending event, whose object the joined event is).
 
     A joined event of objects is the first line's object with its message
     replaced by the messages joined by "\\n", as one JSON line (the other
@@ -4094,11 +4095,15 @@ class ObjectView:
         source = tuple(map(_source_value, map(obj.get, self._keys))) if self._keys else ()
         return [line, message, document, source, message is None, sequence]
 
-    def done(self):
+    def done(self, firsts: list = ()):
         """The end of a call to feed(): the lines it took keep no parse (those
-        still held leave in a later call, parsed again by the encoder)."""
+        still held leave in a later call, parsed again by the encoder), but
+        for firsts, the first records of the pending events, whose objects
+        the joined events are (held bytes are capped: see caps)."""
+        keep = set(map(id, firsts))
         for record in self._call_records:
-            record[_DOCUMENT] = None
+            if id(record) not in keep:
+                record[_DOCUMENT] = None
         self._call_records = []
 
     @staticmethod

@@ -534,6 +534,33 @@ def test_per_source_pipeline_parses_each_json_line_once(json_parses):
     assert len(json_parses) == len(lines), [p for p, _ in json_parses if "Traceback" in p]
 
 
+def test_an_event_the_quiet_timer_closes_is_parsed_once_a_line(json_parses):
+    """--json --multiline: a trace held past its read and closed by the
+    quiet timer keeps its first line's parse for the joined event."""
+    trace = [json.dumps({"message": t.decode(), "n": n}).encode() for n, t in enumerate(TRACE)]
+
+    async def go():
+        sink = zmqpush.ByteQueue(1 << 30)
+        config = zmqpush.parse_options(["--json", "--multiline", "python",
+                                        "--multiline-timeout", "0.01"], environ={})
+        pipeline = zmqpush.build_pipeline(config, sink,
+                                          encoder=zmqpush.JsonEncoder(b"t", 1, batch=False),
+                                          counters=zmqpush.Counters(), replies=None)
+        await pipeline.feed(chunk(trace), 0.0)
+        assert pipeline.held() == len(TRACE)
+        for _ in range(200):
+            if not pipeline.held():
+                break
+            await asyncio.sleep(0.01)
+        events = [json.loads(m) for parcel in _drain(sink) for m in parcel.messages]
+        pipeline.close()
+        return events
+    events = asyncio.run(go())
+    assert [(e["message"], e["n"]) for e in events] == [
+        ("\n".join(t.decode() for t in TRACE), 0)]
+    assert len(json_parses) == len(TRACE), json_parses
+
+
 def test_per_source_pipeline_parses_mixed_lines_once(json_parses):
     """--json --multiline on lines that are not all objects with a message
     (text, an object without one, leading space, invalid UTF-8): each JSON
