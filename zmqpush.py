@@ -4249,6 +4249,11 @@ class Admission(NamedTuple):
     events: tuple = ()
 
 
+def answered_already(parcel: Parcel) -> Parcel:
+    """parcel with no line's reply due (--confirm answered its lines already)."""
+    return parcel._replace(ends_line=[False] * len(parcel.messages))
+
+
 def parcel_of(messages: list, events: list, ends_line: list, replayed: bool = False) -> Parcel:
     """A Parcel of these messages, with its memory cost."""
     nbytes = sum(map(len, messages)) + MESSAGE_OVERHEAD * len(messages) + PARCEL_OVERHEAD
@@ -4483,7 +4488,7 @@ class Pipeline:
             lines = _new_tuple(Segment, (b"".join(line + b"\n" for line in found),
                                          False, False, len(found)))
             for parcel in self.encoded([lines]):
-                await self.put(parcel._replace(ends_line=[False] * len(parcel.messages)))
+                await self.put(answered_already(parcel))
             self.sink.keep_held([])
 
     def stop(self):
@@ -5038,7 +5043,7 @@ class StagedPipeline(Pipeline):
     def held_lines(self) -> int:
         """Lines answered "OK" (--confirm) that the stages still hold and no
         durable sink keeps (see Ledger)."""
-        return self.held() if self._ledger is not None and not self.sink.durable else 0
+        return self.held() if self._ledger is not None else 0
 
     async def _take_held_found(self):
         """The lines a previous run held (a durable sink keeps them, see
@@ -5085,16 +5090,16 @@ class StagedPipeline(Pipeline):
         (one write of `held` a read at most), then, with --confirm, every
         line read is answered "OK" (each is spooled or kept in `held` by
         then).  With --confirm and no durable sink the Ledger takes it."""
-        if self._ledger is not None and not self.sink.durable:
+        if self._ledger is not None:
             await self._ledger.take(segments, self)
             return
         held_before = self.held()
         await self._deliver_read(segments)
         if self.sink.durable and (held_before or self.held()):
             self.sink.keep_held(self.holding())
-        answers = lines_read(segments) if self._ledger is not None else 0
+        answers = lines_read(segments) if self._replies is not None else 0
         if answers:
-            await self._ledger.answer(answers, self)
+            await self._replies.reply(True, answers)
 
     async def _deliver_read(self, segments: list):
         """What one read gave, through the stages, encoded and queued (with
@@ -5142,11 +5147,14 @@ class StagedPipeline(Pipeline):
             self.sink.keep_held(self.holding())
 
     async def _queue_held(self, items: list):
-        """Encode and queue items of lines held (with --confirm answered already)."""
-        if self._ledger is None:
-            await self.deliver(items)
-        else:
-            await self._ledger.queue_answered(items, 0, self)
+        """Encode and queue items of lines held or read now: with --confirm
+        answered already, or with the read (see _take_read), so that none
+        is answered as it is queued."""
+        if self._ledger is not None:
+            await self._ledger.queue_answered(items, self)
+            return
+        for parcel in self.encoded(items):
+            await self.put(parcel if self._replies is None else answered_already(parcel))
 
     def _arm(self):
         """Start the quiet timer for the first stage due, if one holds lines
@@ -5202,28 +5210,25 @@ class StagedPipeline(Pipeline):
 
 
 class Ledger:
-    """--confirm around stages that hold lines (--multiline): rsyslog sends a
-    line only once the one before it is answered, so no reply may wait for
-    a stage to let a line go; every line read still gets one reply, in order
-    with all the others.
+    """--confirm without a durable sink around stages that hold lines
+    (--multiline): rsyslog sends a line only once the one before it is
+    answered, so no reply may wait for a stage to let a line go; every line
+    read still gets one reply, in order with all the others, all written by
+    the Confirmer.  (With a durable sink the pipeline answers a read once
+    the spool and the file `held` keep it: see StagedPipeline._take_read.)
 
-    With a durable sink (a spool) a read goes through the stages as without
-    --confirm, and once the spool holds what left and the file `held` what
-    the stages hold, every line of it is answered "OK" (see
-    StagedPipeline._take_read): nothing answered is lost on a kill.
-
-    Without one, lines go through the stages one at a time, so that which
-    item holds the line just read is told by the items' held counts.  A
-    line that leaves as a line of its own as it is read is answered as
-    without stages: once ZeroMQ took it (the Confirmer, which may refuse
-    it).  A line a stage holds is answered "OK" at once, and so is one that
+    Lines go through the stages one at a time, so that which item holds the
+    line just read is told by the items' held counts.  A line that leaves
+    as a line of its own as it is read is answered as without stages: once
+    ZeroMQ took it (the Confirmer, which may refuse it).  A line a stage
+    holds is answered "OK" at once (an Answered item), and so is one that
     leaves in an event with lines held before.  What leaves later of lines
     answered already brings no reply: it is queued as Answered items, which
     the Confirmer writes into the transport whole and never refuses.  Held
     lines are lost only if zmqpush is killed (SIGKILL, a crash) while they
     are held.
 
-    Without a durable sink, lines are taken only while the transport holds
+    Lines are taken only while the transport holds
     nothing (`admits`, the Confirmer's, set by the Shipper): otherwise they
     wait as a line waits for ZeroMQ, and are refused if it stays full
     (rsyslog sends them again), so that what is answered and not handed stays
@@ -5232,17 +5237,14 @@ class Ledger:
     The stages pass the pieces of an over-long line (see LineFramer) as they
     are: the line is answered as a line of its own, after its last piece."""
 
-    def __init__(self, replies: Replies, durable: bool, counters: Counters):
-        self._replies = replies
-        self._durable = durable
+    def __init__(self, counters: Counters):
         self._counters = counters
         self._piece_left = False  # the next line is the last piece of an over-long line
-        self.admits = None  # without a durable sink: async () -> bool, whether to take lines
+        self.admits = None  # async () -> bool, whether to take lines (the Confirmer's)
 
     async def take(self, segments: list, pipeline: StagedPipeline):
-        """Without a durable sink: pass segments through pipeline's stages
-        line by line (a piece of an over-long line as it is), queue and
-        answer them (see the class)."""
+        """Pass segments through pipeline's stages line by line (a piece of
+        an over-long line as it is), queue and answer them (see the class)."""
         for seg in segments:
             if seg.continues:
                 await self._take_line(seg, pipeline)
@@ -5268,39 +5270,20 @@ class Ledger:
         fresh = [index for index, item in enumerate(out) if item.nlines() > item.held]
         before, line_item = out[fresh[0]].split(out[fresh[0]].held) if fresh else (None, None)
         if line_item is None:  # held, or ending an event of lines answered before
-            await self.queue_answered(out, 0, pipeline)
-            await self.answer(1, pipeline)
+            await self.queue_answered(out, pipeline)
+            await pipeline.put(answered(None, 1))
             return
         index = fresh[0]
-        await self.queue_answered(out[:index] + ([before] if before else []), 0, pipeline)
+        await self.queue_answered(out[:index] + ([before] if before else []), pipeline)
         await pipeline.deliver([line_item])
-        await self.queue_answered(out[index + 1:], 0, pipeline)
+        await self.queue_answered(out[index + 1:], pipeline)
 
-    async def answer(self, lines: int, pipeline: StagedPipeline):
-        """Answer lines "OK" now: with a durable sink at once, else as an
-        Answered item, in order with what the Confirmer answers."""
-        if self._durable:
-            await self._replies.reply(True, lines)
-        else:
-            await pipeline.put(answered(None, lines))
-
-    async def queue_answered(self, items: list, answers: int, pipeline: StagedPipeline):
-        """Queue items (lines answered already, or answered with them) so that
-        they are never refused, then answer `answers` lines "OK": with a
-        durable sink, once it holds them; without, as Answered items for the
-        Confirmer."""
-        parcels = list(pipeline.encoded(items))
-        if self._durable:
-            for parcel in parcels:
-                await pipeline.put(parcel._replace(ends_line=[False] * len(parcel.messages)))
-            if answers:
-                await self.answer(answers, pipeline)
-            return
-        for parcel in parcels:
+    async def queue_answered(self, items: list, pipeline: StagedPipeline):
+        """Queue items (lines answered already) as Answered items, which the
+        Confirmer writes into the transport whole and never refuses."""
+        for parcel in pipeline.encoded(items):
             self._counters.events_answered += sum(parcel.events)
             await pipeline.put(answered(parcel, 0))
-        if answers:
-            await self.answer(answers, pipeline)
 
 
 def build_pipeline(config: Config, sink: ByteQueue, *, encoder, counters: Counters,
@@ -5324,7 +5307,7 @@ def build_pipeline(config: Config, sink: ByteQueue, *, encoder, counters: Counte
             message_key=config.json_message_key, keep_raw=sink.durable, clock=clock))
     if multiline is not None:
         stages.append(Joining(joiner_for(config, multiline, counters, clock), multiline.timeout))
-    ledger = None if replies is None else Ledger(replies, sink.durable, counters)
+    ledger = Ledger(counters) if replies is not None and not sink.durable else None
     sources = multiline is not None and multiline.sources is not None
     return StagedPipeline(sink, stages, ledger=ledger,
                           run_bytes=JSON_RUN_BYTES if sources or config.container else 0,
