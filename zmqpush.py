@@ -4296,14 +4296,19 @@ def replay_parcels(parcels: list, limit: int) -> list:
 REPLAY_PIECE_BYTES = DEFAULT_READ_BYTES
 
 
-class ByteQueue(asyncio.Queue):
-    """asyncio.Queue bounded by the total nbytes of its Parcels, not their count.
+class ByteQueue:
+    """A queue of Parcels bounded by their total nbytes, not their count:
+    a deque, and two events, one set when an item comes (it wakes the
+    sender waiting in get()), one when an item leaves (it wakes whoever
+    waits in put() for room).
 
     The sink interface, which SpoolQueue shares (the reading pipeline never
     asks which it has): offer() takes a Parcel now if there is room, put()
     waits for room, take_past_cap() says reading stops, `durable` says
     whether a Parcel taken outlives a crash (then --confirm answers its lines
-    once it is taken).
+    once it is taken).  The sender takes with get() and get_nowait()
+    (asyncio.QueueEmpty when there is nothing), empty() and full() as
+    asyncio.Queue's.
 
     put() waits while the queue holds maxsize bytes or more, so it holds at
     most maxsize bytes plus one Parcel, plus what put_first() adds past the bound.
@@ -4311,11 +4316,13 @@ class ByteQueue(asyncio.Queue):
 
     durable = False
 
-    def _init(self, maxsize):
-        super()._init(maxsize)
+    def __init__(self, maxsize: int):
+        self._parcels: collections.deque = collections.deque()
         self.nbytes = 0
         self.bound = maxsize
         self.rewinds = 0  # see SpoolQueue
+        self._added = asyncio.Event()  # an item came since get() began waiting
+        self._taken = asyncio.Event()  # an item left since put() began waiting
 
     def offer(self, parcel: Parcel) -> bool:
         """Take parcel now if the queue holds less than its bound; False if
@@ -4323,10 +4330,9 @@ class ByteQueue(asyncio.Queue):
         per read.)"""
         if self.nbytes >= self.bound:
             return False
-        self._queue.append(parcel)
+        self._parcels.append(parcel)
         self.nbytes += parcel.nbytes
-        if self._getters:
-            self._wakeup_next(self._getters)
+        self._added.set()
         return True
 
     def take_past_cap(self):
@@ -4340,37 +4346,51 @@ class ByteQueue(asyncio.Queue):
         """What the stages held when a previous run ended: none in memory."""
         return []
 
+    async def put(self, item):
+        """Put item once the queue holds less than its bound."""
+        while self.full():
+            self._taken.clear()
+            await self._taken.wait()
+        self.put_nowait(item)
+
     def put_nowait(self, item):
-        """Put item (the bound is put()'s to wait for: this never refuses).
-        Parcels are not counted for task_done() and join(), which nothing uses."""
-        self._queue.append(item)
+        """Put item (the bound is put()'s to wait for: this never refuses)."""
+        self._parcels.append(item)
         self.nbytes += item.nbytes
-        if self._getters:
-            self._wakeup_next(self._getters)
+        self._added.set()
+
+    async def get(self):
+        """The oldest item, once there is one."""
+        while self.empty():
+            self._added.clear()
+            await self._added.wait()
+        return self.get_nowait()
 
     def get_nowait(self):
         """The oldest item; QueueEmpty if there is none."""
-        if not self._queue:
+        if not self._parcels:
             raise asyncio.QueueEmpty
-        item = self._queue.popleft()
+        item = self._parcels.popleft()
         self.nbytes -= item.nbytes
-        if self._putters:
-            self._wakeup_next(self._putters)
+        self._taken.set()
         return item
 
     def put_first(self, item):
         """Put item at the head of the queue at once, past the bound (a replay
         is already held in memory, and waiting for room could deadlock)."""
-        self._queue.appendleft(item)
+        self._parcels.appendleft(item)
         self.nbytes += item.nbytes
-        self._wakeup_next(self._getters)
+        self._added.set()
+
+    def empty(self) -> bool:
+        return not self._parcels
 
     def full(self) -> bool:
         return self.nbytes >= self.bound
 
     def events(self) -> int:
         """Events waiting in the queue."""
-        return sum(sum(p.events) for p in self._queue if p is not END)
+        return sum(sum(p.events) for p in self._parcels if p is not END)
 
 
 class _End(NamedTuple):
@@ -6267,8 +6287,8 @@ class SpoolQueue(ByteQueue):
         if caught_up and self.nbytes < self.bound:
             ByteQueue.put_nowait(self, placed)
             self.cursor = placed.end
-        elif self._getters:
-            self._wakeup_next(self._getters)
+        else:
+            self._added.set()  # the sender reads it from the spool
         return True
 
     def _memory_only_nowait(self, parcel: Parcel, caught_up: bool) -> bool:
@@ -6279,7 +6299,7 @@ class SpoolQueue(ByteQueue):
         (order holds); False otherwise.  A receiver that takes the lines
         thus never waits on a disk that has no room, and one that does not
         leaves at most this Parcel in memory only."""
-        if not (self.memory_only and caught_up and not self._queue
+        if not (self.memory_only and caught_up and not self._parcels
                 and self._spool.failing()):
             return False
         ByteQueue.put_nowait(self, parcel)
@@ -6293,7 +6313,7 @@ class SpoolQueue(ByteQueue):
         counters.events_unspooled."""
         if item is END:
             self._end_put = True
-            self._wakeup_next(self._getters)
+            self._added.set()
             return
         try:
             while not self.spool_nowait(item):
@@ -6307,26 +6327,24 @@ class SpoolQueue(ByteQueue):
         the sender took something (memory may have room, or the spool is
         read to its end)."""
         loop = asyncio.get_running_loop()
-        taken = loop.create_future()
-        self._putters.append(taken)
+        self._taken.clear()
+        taken = loop.create_task(self._taken.wait())
         room = loop.create_task(self._spool.room())
         try:
             await asyncio.wait((taken, room), return_when=asyncio.FIRST_COMPLETED)
         finally:
             room.cancel()
             taken.cancel()
-            if taken in self._putters:
-                self._putters.remove(taken)
 
     def empty(self) -> bool:
-        return (not self._queue and self.cursor >= self._spool.end
+        return (not self._parcels and self.cursor >= self._spool.end
                 and (self._end_given or not self._end_put))
 
     def full(self) -> bool:
         return self._spool.full()
 
     async def get(self):
-        """Queue.get(), except that damage read to the spool's end (which
+        """ByteQueue.get(), except that damage read to the spool's end (which
         empty() counted as something) means waiting on, not QueueEmpty."""
         while True:
             try:
@@ -6337,14 +6355,14 @@ class SpoolQueue(ByteQueue):
     def get_nowait(self):
         """The next Parcel from memory, else from the spool; END once, after
         everything; QueueEmpty if there is nothing."""
-        if self._queue:
+        if self._parcels:
             return ByteQueue.get_nowait(self)
         spool = self._spool
         while self.cursor < spool.end:
             parcel, self.cursor = spool.read(self.cursor)
             if parcel is not None:
-                if self._putters and self.cursor >= spool.end:
-                    self._wakeup_next(self._putters)  # caught up: see _memory_only_nowait
+                if self.cursor >= spool.end:
+                    self._taken.set()  # caught up: see _memory_only_nowait
                 return self._marked(parcel)
         if self._end_put and not self._end_given:
             self._end_given = True
@@ -6381,18 +6399,18 @@ class SpoolQueue(ByteQueue):
         """Send again from position; records up to handed_end are replayed.
         What memory holds is dropped (it is read again from the spool), except
         Parcels kept in memory only, which the spool cannot give again."""
-        kept = [parcel for parcel in self._queue if not parcel.end]
-        self._queue.clear()
-        self._queue.extend(kept)
+        kept = [parcel for parcel in self._parcels if not parcel.end]
+        self._parcels.clear()
+        self._parcels.extend(kept)
         self.nbytes = sum(parcel.nbytes for parcel in kept)
         self.cursor = position
         self._replay_until = max(self._replay_until, handed_end)
         self.rewinds += 1
-        self._wakeup_next(self._getters)
+        self._added.set()
 
     def memory_only_events(self) -> int:
         """Events of the Parcels kept in memory only that it holds."""
-        return sum(sum(parcel.events) for parcel in self._queue
+        return sum(sum(parcel.events) for parcel in self._parcels
                    if parcel is not END and not parcel.end)
 
     def unsent_bytes(self) -> int:
@@ -6401,7 +6419,7 @@ class SpoolQueue(ByteQueue):
 
     def oldest_unsent(self) -> int:
         """Where the oldest record not yet taken by the sender lies."""
-        return next((parcel.start for parcel in self._queue if parcel.end), self.cursor)
+        return next((parcel.start for parcel in self._parcels if parcel.end), self.cursor)
 
 
 # ---------------------------------------------------------------- sockets --

@@ -314,6 +314,30 @@ def test_memory_sink_offers_up_to_its_bound():
     asyncio.run(go())
 
 
+def test_memory_sink_put_waits_for_room_and_get_for_an_item():
+    """put() past the bound waits until the sender takes something; get()
+    on an empty queue waits until something comes; END passes last."""
+    async def go():
+        queue = zmqpush.ByteQueue(100)
+        first, second = (zmqpush.parcel_of([b"x" * 100], [1], [True]) for _ in range(2))
+        await queue.put(first)
+        assert queue.full()
+        putting = asyncio.ensure_future(queue.put(second))
+        await asyncio.sleep(0.01)
+        assert not putting.done() and queue.nbytes == first.nbytes
+        assert await queue.get() is first
+        await asyncio.wait_for(putting, 5)
+        assert queue.get_nowait() is second and queue.empty()
+        getting = asyncio.ensure_future(queue.get())
+        await asyncio.sleep(0.01)
+        assert not getting.done()
+        await queue.put(zmqpush.END)
+        assert await asyncio.wait_for(getting, 5) is zmqpush.END
+        with pytest.raises(asyncio.QueueEmpty):
+            queue.get_nowait()
+    asyncio.run(go())
+
+
 def test_spool_sink_offers_to_the_spool(tmp_path):
     async def go():
         spool = zmqpush.Spool(str(tmp_path), 1 << 20, 0.0, zmqpush.Counters())
