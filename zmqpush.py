@@ -4298,9 +4298,8 @@ REPLAY_PIECE_BYTES = DEFAULT_READ_BYTES
 
 class ByteQueue:
     """A queue of Parcels bounded by their total nbytes, not their count:
-    a deque, and two events, one set when an item comes (it wakes the
-    sender waiting in get()), one when an item leaves (it wakes whoever
-    waits in put() for room).
+    a deque, and the futures of those waiting, in get() for an item (the
+    sender), in put() for room; a change wakes them all, each looks again.
 
     The sink interface, which SpoolQueue shares (the reading pipeline never
     asks which it has): offer() takes a Parcel now if there is room, put()
@@ -4321,8 +4320,27 @@ class ByteQueue:
         self.nbytes = 0
         self.bound = maxsize
         self.rewinds = 0  # see SpoolQueue
-        self._added = asyncio.Event()  # an item came since get() began waiting
-        self._taken = asyncio.Event()  # an item left since put() began waiting
+        self._getters: list = []  # futures of get() waiting for an item
+        self._putters: list = []  # futures of put() waiting for room
+
+    @staticmethod
+    def _wake(waiters: list):
+        """Wake every waiter of waiters (each looks at the queue again)."""
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        waiters.clear()
+
+    @staticmethod
+    async def _wait(waiters: list):
+        """Wait until woken (see _wake)."""
+        waiter = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in waiters:  # cancelled
+                waiters.remove(waiter)
 
     def offer(self, parcel: Parcel) -> bool:
         """Take parcel now if the queue holds less than its bound; False if
@@ -4332,7 +4350,8 @@ class ByteQueue:
             return False
         self._parcels.append(parcel)
         self.nbytes += parcel.nbytes
-        self._added.set()
+        if self._getters:
+            self._wake(self._getters)
         return True
 
     def take_past_cap(self):
@@ -4349,21 +4368,20 @@ class ByteQueue:
     async def put(self, item):
         """Put item once the queue holds less than its bound."""
         while self.full():
-            self._taken.clear()
-            await self._taken.wait()
+            await self._wait(self._putters)
         self.put_nowait(item)
 
     def put_nowait(self, item):
         """Put item (the bound is put()'s to wait for: this never refuses)."""
         self._parcels.append(item)
         self.nbytes += item.nbytes
-        self._added.set()
+        if self._getters:
+            self._wake(self._getters)
 
     async def get(self):
         """The oldest item, once there is one."""
         while self.empty():
-            self._added.clear()
-            await self._added.wait()
+            await self._wait(self._getters)
         return self.get_nowait()
 
     def get_nowait(self):
@@ -4372,7 +4390,8 @@ class ByteQueue:
             raise asyncio.QueueEmpty
         item = self._parcels.popleft()
         self.nbytes -= item.nbytes
-        self._taken.set()
+        if self._putters:
+            self._wake(self._putters)
         return item
 
     def put_first(self, item):
@@ -4380,7 +4399,7 @@ class ByteQueue:
         is already held in memory, and waiting for room could deadlock)."""
         self._parcels.appendleft(item)
         self.nbytes += item.nbytes
-        self._added.set()
+        self._wake(self._getters)
 
     def empty(self) -> bool:
         return not self._parcels
@@ -6287,8 +6306,8 @@ class SpoolQueue(ByteQueue):
         if caught_up and self.nbytes < self.bound:
             ByteQueue.put_nowait(self, placed)
             self.cursor = placed.end
-        else:
-            self._added.set()  # the sender reads it from the spool
+        elif self._getters:
+            self._wake(self._getters)  # the sender reads it from the spool
         return True
 
     def _memory_only_nowait(self, parcel: Parcel, caught_up: bool) -> bool:
@@ -6313,7 +6332,7 @@ class SpoolQueue(ByteQueue):
         counters.events_unspooled."""
         if item is END:
             self._end_put = True
-            self._added.set()
+            self._wake(self._getters)
             return
         try:
             while not self.spool_nowait(item):
@@ -6327,14 +6346,16 @@ class SpoolQueue(ByteQueue):
         the sender took something (memory may have room, or the spool is
         read to its end)."""
         loop = asyncio.get_running_loop()
-        self._taken.clear()
-        taken = loop.create_task(self._taken.wait())
+        taken = loop.create_future()
+        self._putters.append(taken)
         room = loop.create_task(self._spool.room())
         try:
             await asyncio.wait((taken, room), return_when=asyncio.FIRST_COMPLETED)
         finally:
             room.cancel()
             taken.cancel()
+            if taken in self._putters:
+                self._putters.remove(taken)
 
     def empty(self) -> bool:
         return (not self._parcels and self.cursor >= self._spool.end
@@ -6361,8 +6382,8 @@ class SpoolQueue(ByteQueue):
         while self.cursor < spool.end:
             parcel, self.cursor = spool.read(self.cursor)
             if parcel is not None:
-                if self.cursor >= spool.end:
-                    self._taken.set()  # caught up: see _memory_only_nowait
+                if self._putters and self.cursor >= spool.end:
+                    self._wake(self._putters)  # caught up: see _memory_only_nowait
                 return self._marked(parcel)
         if self._end_put and not self._end_given:
             self._end_given = True
@@ -6406,7 +6427,7 @@ class SpoolQueue(ByteQueue):
         self.cursor = position
         self._replay_until = max(self._replay_until, handed_end)
         self.rewinds += 1
-        self._added.set()
+        self._wake(self._getters)
 
     def memory_only_events(self) -> int:
         """Events of the Parcels kept in memory only that it holds."""
