@@ -5325,6 +5325,46 @@ _READ_EDGES = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
 _HANGUP_EDGES = select.EPOLLRDHUP | select.EPOLLET  # EPOLLHUP and EPOLLERR are implied
 F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 MIN_WINDOW = 0.001  # a shorter window saves no wake-up: the loop's timers count in ms
+# glibc's heap is handed back (malloc_trim) each time this much more was read.
+TRIM_EVERY_BYTES = 4 << 20
+
+
+class HeapTrimmer:
+    """Gives glibc's free heap pages back to the system each time stdin gave
+    TRIM_EVERY_BYTES more: no timer, a step per read.
+
+    At full speed a read's transient copies (the bytes read, escaped, joined:
+    64 to 350 KiB each) come from glibc's heap, between ZeroMQ's small
+    message buffers that outlive them; the holes they leave grow the heap by
+    up to 20 MiB of free, touched pages (measured on JSON lines: 22 MiB of heap
+    holding 6).  malloc_trim(0) releases every whole free page, inside the heap
+    too, so a hole costs memory again only once reused (peak 51 to 55 MiB
+    instead of 58 to 66; the plain path's cost: a millisecond or two and a
+    few thousand page faults per 300,000 lines).  ctypes is imported at the
+    first trim, so short runs do not pay its import; where malloc_trim is
+    missing (not glibc) nothing is done."""
+
+    def __init__(self, every: int = TRIM_EVERY_BYTES):
+        self._every = every
+        self._left = every
+        self._trim = None  # libc's malloc_trim, once looked up
+
+    def read(self, nbytes: int):
+        """nbytes more were read: trim when TRIM_EVERY_BYTES have been since the last."""
+        self._left -= nbytes
+        if self._left <= 0:
+            self._left = self._every
+            self._trim_heap()
+
+    def _trim_heap(self):
+        if self._trim is None:
+            try:
+                import ctypes
+                self._trim = ctypes.CDLL(None).malloc_trim
+            except (ImportError, OSError, AttributeError):  # not glibc
+                self._left = self._every = sys.maxsize
+                return
+        self._trim(0)
 
 
 class StdinReader:
@@ -5396,6 +5436,7 @@ class StdinReader:
         self._rate_since, self._rate_bytes = self._read_at, 0  # bytes read since then
         self._window_timer: asyncio.TimerHandle | None = None
         self._flushing = False  # stopped within a window: read what came in it, then end
+        self._heap = HeapTrimmer()
 
     def _buffer_bytes(self) -> int:
         """What stdin's kernel buffer holds: a pipe's size, else 64 KiB."""
@@ -5523,6 +5564,7 @@ class StdinReader:
             self._rate_bytes += len(data)
             self._counters.bytes_read += len(data)
             await feed(data, self._read_at)
+            self._heap.read(len(data))
             # A short read that followed a wait is most likely followed by
             # EAGAIN (or, from a pipe, by _drained()), whose wait is the loop's
             # turn; any other read gets one.
