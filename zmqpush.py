@@ -1176,6 +1176,9 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     queue_bytes = setting["queue_bytes"]
     max_line_bytes = setting["max_line_bytes"]
     multiline = multiline_from(setting, max_line_bytes)
+    short = None if opt.get("stdout") else descriptor_shortfall(len(connect), len(bind))
+    if short is not None:
+        raise UsageError(short)
     queue_bytes, held_replay = fit_memory(
         opt, queue_bytes, 0 if opt["spool"] else replay_bytes,
         zmq_bytes=zmq_queue_bytes(bool(opt["batch"]), bool(replay_bytes)),
@@ -6796,32 +6799,45 @@ SO_DETACH_FILTER = 27
 LIBZMQ_MAX_SOCKETS = 1023  # libzmq's default ZMQ_MAX_SOCKETS
 
 
-def descriptors_needed(config: Config) -> int:
-    """The open files config's sockets need, --bind peers not counted (their
-    reserve is)."""
-    return (DESCRIPTORS_BASE + DESCRIPTORS_PER_SOCKET * len(socket_parts(config))
-            + len(config.connect) + 2 * len(config.bind) + (BIND_RESERVE if config.bind else 0))
+def descriptors_needed(connect: int, bind: int) -> int:
+    """The open files the sockets of `connect` -c and `bind` --bind endpoints
+    need (one socket each past the first, see socket_parts), --bind peers not
+    counted (their reserve is)."""
+    sockets = max(1, connect + bool(bind))
+    return (DESCRIPTORS_BASE + DESCRIPTORS_PER_SOCKET * sockets
+            + connect + 2 * bind + (BIND_RESERVE if bind else 0))
+
+
+def descriptor_shortfall(connect: int, bind: int) -> str | None:
+    """Why even the hard RLIMIT_NOFILE cannot serve the sockets of `connect`
+    -c and `bind` --bind endpoints (naming the limit, the need and `ulimit
+    -n`), else None.  Checked while the options are read, before the memory
+    bound, so that the exit-2 line is this one alone."""
+    import resource
+    need = descriptors_needed(connect, bind)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        return None
+    endpoints = connect + bind
+    return (f"{endpoints} endpoint{'s' if endpoints > 1 else ''} need {need} open "
+            f"files, over the limit of {soft} (hard limit {hard}): raise it "
+            f"(ulimit -n {need}; LimitNOFILE= for a service) or give fewer endpoints")
 
 
 def raise_descriptor_limit(config: Config) -> str | None:
     """Raise the soft RLIMIT_NOFILE to the hard limit when it is short of what
     config needs (with BIND_PEERS_ROOM for --bind peers), as Go's runtime and
-    systemd services do.  Returns why it cannot serve (the hard limit is below
-    the need), else None."""
+    systemd services do (parse_options refused a hard limit below the need:
+    see descriptor_shortfall).  Returns why it cannot, else None."""
     import resource
-    need = descriptors_needed(config)
-    want = need + (BIND_PEERS_ROOM if config.bind else 0)
+    want = (descriptors_needed(len(config.connect), len(config.bind))
+            + (BIND_PEERS_ROOM if config.bind else 0))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    infinite = resource.RLIM_INFINITY
-    if soft == infinite or soft >= want:
+    if soft == resource.RLIM_INFINITY or soft >= want:
         return None
-    if hard != infinite and hard < need:
-        endpoints = len(config.connect) + len(config.bind)
-        return (f"{endpoints} endpoint{'s' if endpoints > 1 else ''} need {need} open "
-                f"files, over the limit of {soft} (hard limit {hard}): raise it "
-                f"(ulimit -n {need}; LimitNOFILE= for a service) or give fewer endpoints")
     try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == infinite else hard, hard))
+        infinite = hard == resource.RLIM_INFINITY
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if infinite else hard, hard))
     except (OSError, ValueError) as exc:
         return f"cannot raise the open files limit {soft} to {hard} (ulimit -n): {exc}"
     return None

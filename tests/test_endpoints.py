@@ -75,6 +75,28 @@ def test_more_endpoints_than_the_hard_limit_serves_exit_2_before_reading(tmp_pat
     assert position == 0  # nothing read
 
 
+@pytest.mark.parametrize("count", [300, 1000], ids=["memory-lowered", "memory-refused"])
+def test_the_open_files_refusal_is_the_one_line_even_where_memory_is_short_too(tmp_path, count):
+    """300 endpoints make the memory bound lower the queue and window (a line
+    said), 1,000 exceed it: the open files that cannot be had are said first,
+    alone, with the limit, the need and `ulimit -n`, before a byte is read."""
+    endpoints = [f"tcp://127.0.0.1:{20000 + n}" for n in range(count)]
+    data = tmp_path / "in"
+    data.write_bytes(b"a line\n" * 100)
+    with open(data, "rb") as stdin:
+        done = subprocess.run(limited(SHORT, SHORT, "--linger", "0", *connect_args(endpoints)),
+                              stdin=stdin, capture_output=True, timeout=60, env=env_with({}))
+        position = os.lseek(stdin.fileno(), 0, os.SEEK_CUR)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.decode().splitlines()
+    need = 32 + 3 * count + count
+    assert len(lines) == 1, lines
+    assert unstamped(lines[0]).startswith(f"zmqpush: {count} endpoints need {need} open files, "
+                                          f"over the limit of {SHORT} (hard limit {SHORT}): "
+                                          f"raise it (ulimit -n {need};"), lines
+    assert position == 0  # nothing read
+
+
 def test_a_short_soft_limit_is_raised_and_every_line_arrives():
     pull = Pull(40)
     try:
