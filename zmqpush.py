@@ -15,7 +15,7 @@ own):
   queue        the sink interface (memory queue) and --confirm's replies
   pipeline     framing -> stages (containers, joining) -> encoder -> sink, built
                once from the options
-  input        stdin, feeding the pipeline
+  input        stdin, feeding the pipeline; the heap trimmed as it is read
   spooling     the disk sink (--spool)
   sockets      the PUSH sockets, endpoints, descriptors, connection monitors
   sending      the replay window, ZeroMQ's held queue, flow control, --confirm,
@@ -5313,7 +5313,8 @@ def joiner_for(config: Config, multiline: Multiline, counters: Counters, clock):
 
 # ------------------------------------------------------------------ input --
 # Owns stdin: non-blocking reads woken by an edge-triggered epoll, the
-# coalescing window, packet sockets, FIONREAD; what is read goes to a Pipeline.
+# coalescing window, packet sockets, FIONREAD; what is read goes to a Pipeline;
+# glibc's heap trimmed every few MiB read (HeapTrimmer).
 
 # Under glibc's smallest threshold for serving an allocation with mmap (128 KiB).
 SLOW_READ_BYTES = 32 << 10
