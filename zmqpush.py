@@ -5342,9 +5342,10 @@ class HeapTrimmer:
     message buffers that outlive them; the holes they leave grow the heap by
     up to 20 MiB of free, touched pages (measured on JSON lines: 22 MiB of heap
     holding 6).  malloc_trim(0) releases every whole free page, inside the heap
-    too, so a hole costs memory again only once reused (peak 51 to 55 MiB
-    instead of 58 to 66; the plain path's cost: a millisecond or two and a
-    few thousand page faults per 300,000 lines).  ctypes is imported at the
+    too, so a hole costs memory again only once reused (JSON lines' peak 50
+    to 56 MiB instead of 58 to 71; the plain path's cost: 1 to 4 ms and about
+    1,000 page faults per 300,000 lines: bench/README.md "Many receivers").
+    ctypes is imported at the
     first trim, so short runs do not pay its import; where malloc_trim is
     missing (not glibc) nothing is done."""
 
