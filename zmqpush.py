@@ -5345,9 +5345,8 @@ class HeapTrimmer:
     too, so a hole costs memory again only once reused (JSON lines' peak 50
     to 56 MiB instead of 58 to 71; the plain path's cost: 1 to 4 ms and about
     1,000 page faults per 300,000 lines: bench/README.md "Many receivers").
-    ctypes is imported at the
-    first trim, so short runs do not pay its import; where malloc_trim is
-    missing (not glibc) nothing is done."""
+    ctypes is imported at the first trim, so short runs do not pay its
+    import; where malloc_trim is missing (not glibc) nothing is done."""
 
     def __init__(self, every: int = TRIM_EVERY_BYTES):
         self._every = every
