@@ -3,15 +3,27 @@ context (a handful of threads, not two per receiver); the open files they need
 are worked out at start (the soft limit raised up to the hard one, or exit 2
 before anything is read, never libzmq's abort); many receivers stay within the
 memory bound."""
+import json
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 
 import pytest
 import zmq
 
-from conftest import cli, closing_count, env_with, free_port, unstamped, wait_until
+from conftest import (
+    cli,
+    closing_count,
+    env_with,
+    free_port,
+    start,
+    stop_process,
+    unstamped,
+    wait_until,
+)
 
 SHORT = 64  # an open files limit far too small for the endpoints below
 
@@ -72,6 +84,28 @@ def test_more_endpoints_than_the_hard_limit_serves_exit_2_before_reading(tmp_pat
     lines = done.stderr.decode().splitlines()
     assert len(lines) == 1 and unstamped(lines[0]).startswith("zmqpush: 30 endpoints need "), lines
     assert f"over the limit of {SHORT}" in lines[0] and "ulimit -n" in lines[0], lines
+    assert position == 0  # nothing read
+
+
+@pytest.mark.parametrize("count", [300, 1000], ids=["memory-lowered", "memory-refused"])
+def test_the_open_files_refusal_is_the_one_line_even_where_memory_is_short_too(tmp_path, count):
+    """300 endpoints make the memory bound lower the queue and window (a line
+    said), 1,000 exceed it: the open files that cannot be had are said first,
+    alone, with the limit, the need and `ulimit -n`, before a byte is read."""
+    endpoints = [f"tcp://127.0.0.1:{20000 + n}" for n in range(count)]
+    data = tmp_path / "in"
+    data.write_bytes(b"a line\n" * 100)
+    with open(data, "rb") as stdin:
+        done = subprocess.run(limited(SHORT, SHORT, "--linger", "0", *connect_args(endpoints)),
+                              stdin=stdin, capture_output=True, timeout=60, env=env_with({}))
+        position = os.lseek(stdin.fileno(), 0, os.SEEK_CUR)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.decode().splitlines()
+    need = 32 + 3 * count + count
+    assert len(lines) == 1, lines
+    assert unstamped(lines[0]).startswith(f"zmqpush: {count} endpoints need {need} open files, "
+                                          f"over the limit of {SHORT} (hard limit {SHORT}): "
+                                          f"raise it (ulimit -n {need};"), lines
     assert position == 0  # nothing read
 
 
@@ -205,3 +239,79 @@ def test_bind_peers_past_the_open_files_limit_are_held_off_without_spinning():
         for peer in peers:
             peer.close()
         context.term()
+
+
+@pytest.fixture
+def ipc_dir():
+    """A directory of a short path for ipc:// sockets (Linux allows 107 bytes)."""
+    path = tempfile.mkdtemp(prefix="zmqpush-ipc-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Collector:
+    """A PULL socket bound on (or connected to) endpoint, keeping each message's
+    "message" in a thread, as conftest's Receiver does on tcp://, but with no
+    RCVHWM (as bench/ccount.c): on ipc:// a receiver whose RCVHWM is full when
+    zmqpush closes loses what its libzmq read and had not queued yet (about
+    1,000 of 20,000 lines at RCVHWM 1000; none on tcp://: tests/README.md)."""
+
+    def __init__(self, endpoint: str, bind: bool):
+        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RCVHWM, 0)  # see the class
+        (self._sock.bind if bind else self._sock.connect)(endpoint)
+        self.messages = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._collect, daemon=True)
+        self._thread.start()
+
+    def _collect(self):
+        while not self._stop.is_set():
+            if self._sock.poll(50):
+                self.messages.append(json.loads(self._sock.recv())["message"])
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+
+def test_ipc_receivers_share_the_stream_and_the_total_is_exact(ipc_dir):
+    """-c ipc:// endpoints as -c tcp:// ones: a socket each, lines dealt
+    between them, none lost, the closing line counting them."""
+    endpoints = [f"ipc://{ipc_dir}/r{n}" for n in range(2)]
+    receivers = [Collector(endpoint, bind=True) for endpoint in endpoints]
+    try:
+        done = subprocess.run(cli(*connect_args(endpoints)),
+                              input=b"".join(b"%d\n" % i for i in range(20_000)),
+                              capture_output=True, timeout=60, env=env_with({}))
+        assert done.returncode == 0, done.stderr
+        assert closing_count(done.stderr) == 20_000
+        assert wait_until(lambda: sum(len(r.messages) for r in receivers) >= 20_000, 10)
+        assert all(r.messages for r in receivers), [len(r.messages) for r in receivers]
+        got = sorted(int(m) for r in receivers for m in r.messages)
+        assert got == list(range(20_000))
+    finally:
+        for r in receivers:
+            r.close()
+
+
+def test_bind_ipc_for_a_pull_that_connects(ipc_dir):
+    """--bind ipc:// as --bind tcp://: a PULL that connects gets every line, in order."""
+    path = f"{ipc_dir}/bound"
+    proc = start(["--bind", f"ipc://{path}"])
+    receiver = None
+    try:
+        assert wait_until(lambda: os.path.exists(path), 10), "zmqpush did not bind"
+        receiver = Collector(f"ipc://{path}", bind=False)
+        proc.stdin.write(b"".join(b"bound %d\n" % i for i in range(20_000)))
+        proc.stdin.close()
+        assert proc.wait(30) == 0, proc.stderr.read()
+        assert closing_count(proc.stderr.read()) == 20_000
+        assert wait_until(lambda: len(receiver.messages) >= 20_000, 10)
+        assert receiver.messages == [f"bound {i}" for i in range(20_000)]
+    finally:
+        if receiver is not None:
+            receiver.close()
+        stop_process(proc)
