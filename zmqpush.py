@@ -3107,6 +3107,8 @@ class PythonRule:
     with the next traceback."""
 
     FRAMES, GROUP, EXCEPTION, CHAINING, CHAINED = range(5)
+    line_starts = (rb"Traceback \(most recent call last\):", rb'  File "',
+                   rb"[ \t]*\+ Exception Group ")  # see Presets.scan
     _chain = (b"During handling of the above exception, another exception occurred:",
               b"The above exception was the direct cause of the following exception:")
 
@@ -3170,6 +3172,8 @@ class JavaRule:
     "LEVEL: message" line after it, is one event."""
 
     HEAD, TRACE, JUL, MESSAGE = range(4)  # MESSAGE + n: n + 1 lines of the message
+    line_starts = (rb"\t", rb" +(?:at |\.\.\. |Suppressed: |Caused by: )", rb"Caused by: ",
+                   rb"SEVERE: ", rb"WARNING: ")
     # scan() passes over a head that no frame follows in the chunk: right for
     # one stream of lines, not for lines of several sources (see ObjectView).
     scans_one_stream = True
@@ -3195,11 +3199,16 @@ class JavaRule:
             at = chunk.find(level, pos)
             if at >= 0:
                 found.append(_line_start(chunk, at, pos))
-        found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
+        found.append(self.tail(chunk, pos))
+        return min((at for at in found if at >= 0), default=-1)
+
+    def tail(self, chunk: bytes, pos: int) -> int:
+        """Where an event may begin among chunk's last lines that the next
+        chunk's frames (or JUL level line) may continue, or -1."""
         last = _line_start(chunk, len(chunk) - 1, pos)  # a JUL header its level line follows
         if self._jul.match(chunk, last, len(chunk) - 1):
-            found.append(last)
-        return min((at for at in found if at >= 0), default=-1)
+            return last
+        return _head_above(chunk, pos, len(chunk), self._head, self._record)
 
     def _above(self, chunk: bytes, pos: int, at: int) -> int:
         """Where an event with the continuation line that holds `at` may begin:
@@ -3236,6 +3245,9 @@ class GoRule:
     "created by ..."); blank lines continue it when such a line follows them."""
 
     PANIC, STACK = range(2)
+    # net/http's record's own line may hold "panic" anywhere: the line after it starts so
+    line_starts = (rb"panic: ", rb"fatal error: ", rb"runtime: ", rb"\t", rb"\[signal ",
+                   rb"goroutine ")
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
@@ -3278,6 +3290,8 @@ class RubyRule:
     them."""
 
     MESSAGE, FRAMES, LOGGED, BACKTRACE = range(4)
+    line_starts = (rb"\t", rb"[EF], \[")
+    line_end = rb"\)\r?\n"  # an uncaught exception's first line ends with its class
     scans_one_stream = True  # a Logger record may begin what the next chunk continues
 
     def __init__(self):
@@ -3325,6 +3339,7 @@ class PhpRule:
 
     HEAD, TRACE, NEXT, MESSAGE = range(4)  # MESSAGE + n: n + 1 lines of the message
     scans_one_stream = True
+    line_starts = (rb"Stack trace:",)
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
@@ -3333,12 +3348,17 @@ class PhpRule:
         self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        found = [self._above(chunk, pos, len(chunk))]  # the next chunk may continue
+        found = [self.tail(chunk, pos)]
         trace = chunk.find(b"\nStack trace:", pos)
         if trace >= 0:
             head = self._above(chunk, pos, trace + 1)
             found.append(head if head >= 0 else trace + 1)
         return min((at for at in found if at >= 0), default=-1)
+
+    def tail(self, chunk: bytes, pos: int) -> int:
+        """Where an event may begin among chunk's last lines that the next
+        chunk's "Stack trace:" may continue, or -1."""
+        return self._above(chunk, pos, len(chunk))
 
     def _above(self, chunk: bytes, pos: int, line: int) -> int:
         """Where an event may begin whose "Stack trace:" line starts at `line`
@@ -3388,6 +3408,7 @@ class NodeRule:
     HEAD, STACK, SOURCE, CARET, THROW, THROWN, AFTER, MESSAGE = range(8)
     # MESSAGE + n: n + 1 lines of the message
     scans_one_stream = True
+    line_starts = (rb" +(?:at |\.\.\. \d+ lines? matching )", rb"Node\.js v")
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
@@ -3402,9 +3423,15 @@ class NodeRule:
         version = chunk.find(b"\nNode.js v", pos)
         if version >= 0:
             found.append(self._where_above(chunk, pos, version + 1))
-        found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
-        # an uncaught error's first lines that the next chunk may continue
-        found.append(self._where_above(chunk, pos, len(chunk), MESSAGE_LINES + 5))
+        found.append(self.tail(chunk, pos))
+        return min((at for at in found if at >= 0), default=-1)
+
+    def tail(self, chunk: bytes, pos: int) -> int:
+        """Where an event may begin among chunk's last lines that the next
+        chunk's stack may continue (an error's, or an uncaught error's first
+        lines), or -1."""
+        found = [_head_above(chunk, pos, len(chunk), self._head, self._record),
+                 self._where_above(chunk, pos, len(chunk), MESSAGE_LINES + 5)]
         return min((at for at in found if at >= 0), default=-1)
 
     def _above(self, chunk: bytes, pos: int, line: int) -> int:
@@ -3477,10 +3504,44 @@ class Presets:
         self._rules = [rule() for name, rule in PRESET_RULES.items() if name in names]
         self.scans_one_stream = any(getattr(rule, "scans_one_stream", False)
                                     for rule in self._rules)
+        starts = b"|".join(dict.fromkeys(s for rule in self._rules for s in rule.line_starts))
+        self._starts = re.compile(b"(?:%s)" % starts)
+        self._later_starts = re.compile(b"\n(?:%s)" % starts)
+        ends = [rule.line_end for rule in self._rules if hasattr(rule, "line_end")]
+        self._ends = re.compile(b"|".join(ends)) if ends else None
+        self._tails = [rule.tail for rule in self._rules if hasattr(rule, "tail")]
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        found = [at for at in (rule.scan(chunk, pos) for rule in self._rules) if at >= 0]
-        return min(found) if found else -1
+        """The rules' scan() at once.  One shared pass finds whether a line
+        at or after pos holds a trigger of any rule (a trace's first line, or
+        a line that continues one: its start, or ruby's end); only then are
+        the rules' own scan() run.  Without one, only chunk's last lines,
+        that the next chunk may continue, are looked at: each rule's tail()
+        and every rule's begins() of the last line."""
+        if self._triggered(chunk, pos):
+            found = [at for at in (rule.scan(chunk, pos) for rule in self._rules) if at >= 0]
+            return min(found, default=-1)
+        found = [at for at in (tail(chunk, pos) for tail in self._tails) if at >= 0]
+        last = _line_start(chunk, len(chunk) - 1, pos)
+        if self.begins(chunk[last:len(chunk) - 1]) is not None:
+            found.append(last)
+        return min(found, default=-1)
+
+    def _triggered(self, chunk: bytes, pos: int) -> bool:
+        """Whether a line at or after pos holds a trigger."""
+        if self._starts.match(chunk, pos) or self._later_starts.search(chunk, pos):
+            return True
+        if self._ends is None:
+            return False
+        at = pos
+        for _ in range(len(chunk)):  # each line ending so that ruby's first line may
+            ended = self._ends.search(chunk, at)
+            if ended is None:
+                return False
+            at = ended.end()
+            if chunk.find(b":in ", _line_start(chunk, ended.start(), pos), ended.start()) >= 0:
+                return True
+        return False
 
     def begins(self, line: bytes):
         for rule in self._rules:
