@@ -3766,8 +3766,10 @@ class TextView:
 
     @staticmethod
     def event(records: list, cut: bool, held: int, out: _ItemList) -> bool:
-        """records leave as one event; False if they cannot (then as lines)."""
-        out.event(b"\n".join(records), cut, len(records), held)
+        """records leave as one event; False if they cannot (then as lines).
+        A cut event ends with the newline after its last line (see Joiner)."""
+        text = b"\n".join(records)
+        out.event(text + b"\n" if cut else text, cut, len(records), held)
         return True
 
     @staticmethod
@@ -3798,7 +3800,12 @@ class Joiner:
     Segment.held): per source, what the Joiner holds is always its newest
     lines, and leaves oldest first.  Counts the events and lines joined and
     the events cut.  clock() (the loop's time) stamps each source's last
-    line, for the quiet timer (quiet_at)."""
+    line, for the quiet timer (quiet_at).
+
+    An event cut (at a cap, or pushed out) ends with the newline after its
+    last line: its message and the next one of its source, concatenated, give
+    back the lines as they came, as the pieces of a line cut at
+    --max-line-bytes do ("@continues" has that one meaning)."""
 
     def __init__(self, rule, max_lines: int, max_bytes: int, counters: Counters,
                  *, clock=time.monotonic, view=TextView):
@@ -4162,20 +4169,18 @@ class ObjectView:
         run = records[first:last]
         out.lines(b"\n".join(map(_FIRST, run)) + b"\n", 0, [r[_DOCUMENT] for r in run])
 
-    @staticmethod
-    def lines(records: list, held: int, out: _ItemList, cut: bool = False):
+    def lines(self, records: list, held: int, out: _ItemList, cut: bool = False):
         for record in records:
             was_held = held > 0
             held -= was_held
             if cut:
-                out.event(record[_RAW], True, 1, was_held, record[_DOCUMENT])
+                self._cut_event([record], was_held, out)
             else:
                 out.lines(record[_RAW] + b"\n", was_held, [record[_DOCUMENT]])
 
     def event(self, records: list, cut: bool, held: int, out: _ItemList) -> bool:
-        if len(records) == 1:
-            self.lines(records, held, out, cut=True)
-            return True
+        if cut:
+            return self._cut_event(records, held, out)
         if records[0][_MESSAGE] is None:  # lines that are not JSON objects
             out.event(b"\n".join(map(_FIRST, records)), cut, len(records), held)
             return True
@@ -4185,6 +4190,22 @@ class ObjectView:
             return False
         out.event(joined[0], cut, len(records), held, joined[1])
         return True
+
+    def _cut_event(self, records: list, held: int, out: _ItemList) -> bool:
+        """records as a cut event, its message ending with the newline after
+        its last line (see Joiner); False if they cannot be one (then lines:
+        several; one line leaves as it came, marked cut)."""
+        if records[0][_MESSAGE] is None:  # lines that are not JSON objects
+            out.event(b"\n".join(map(_FIRST, records)) + b"\n", True, len(records), held)
+            return True
+        joined = self._joined_line(records, "\n")
+        if joined is not None:
+            out.event(joined[0], True, len(records), held, joined[1])
+        elif len(records) == 1:
+            out.event(records[0][_RAW], True, 1, held, records[0][_DOCUMENT])
+        else:
+            self.lines(records, held, out)
+        return joined is not None or len(records) == 1
 
     def _record(self, line: bytes, sequence: int) -> tuple:
         """line's record (see _RAW ...)."""
@@ -4207,15 +4228,15 @@ class ObjectView:
                 message = "\n".join(m for m in message if isinstance(m, str))
         return message if isinstance(message, str) else None
 
-    def _joined_line(self, records: list) -> tuple | None:
+    def _joined_line(self, records: list, end: str = "") -> tuple | None:
         """(line, document): the first line's object with its message replaced
-        by the records' messages joined, as one JSON line, and its parse (see
-        ParsedLines); None if it cannot be written."""
+        by the records' messages joined (and end after them), as one JSON
+        line, and its parse (see ParsedLines); None if it cannot be written."""
         document = records[0][_DOCUMENT]
         obj = (document[1] if document is not None else
                _scan_json(records[0][_RAW].decode("utf-8").lstrip(_JSON_SPACE), 0)[0])
         obj = dict(obj)
-        obj[self._message_key] = "\n".join(record[_MESSAGE] for record in records)
+        obj[self._message_key] = "\n".join(record[_MESSAGE] for record in records) + end
         try:
             text = _dump_json(obj)
             return text.encode("utf-8"), (text, obj, len(text), True)
