@@ -2220,6 +2220,12 @@ def fix_reserved(obj: dict) -> list:
     return fixes
 
 
+def app_replaced(obj: dict) -> bool:
+    """Whether obj holds a REPLACED_KEY that is not an object: the app's own
+    value, that zmqpush's REPLACED_KEY replaces (see merged_event)."""
+    return REPLACED_KEY in obj and not isinstance(obj[REPLACED_KEY], dict)
+
+
 def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = None) -> dict:
     """An app's object (its reserved keys checked) and zmqpush's own keys
     (ours) as one event, no value of the app's lost (README "Structured logs").
@@ -2229,7 +2235,9 @@ def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = Non
     one.  On any other key both set, ours win unless overwrite, and the app's
     values they replace are kept under REPLACED_KEY (with kept, values the
     caller replaced already); two objects ("@metadata", "host") merge key by
-    key, the same way; "@json_error" is always ours."""
+    key, the same way; "@json_error" is always ours.  REPLACED_KEY is ours
+    too: the app's own, unless an object (then merged with ours one level,
+    as a stage's before is), is kept under it by its own key."""
     ours, kept = dict(ours), dict(kept or {})
     read_time = ours.pop("@timestamp") if "@timestamp" in obj and "@timestamp" in ours else None
     event = dict(obj)
@@ -2243,7 +2251,7 @@ def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = Non
         elif key == JSON_ERROR_KEY or not overwrite:
             kept[key] = obj[key]
             event[key] = value
-    if kept:
+    if kept or app_replaced(obj):
         before = obj.get(REPLACED_KEY)
         if isinstance(before, dict) and not before.keys() & kept.keys():
             kept = {**before, **kept}  # e.g. what a stage kept (Unwrapping): one level
@@ -2311,7 +2319,7 @@ class JsonEncoder(EncoderBase):
         self._message_key = message_key
         self._overwrite = overwrite
         ours = {k.decode() for k, _ in fields} | {"type", "@pid", "@continues",
-                                                   JSON_ERROR_KEY}
+                                                   JSON_ERROR_KEY, REPLACED_KEY}
         self._watched = frozenset(ours | set(RESERVED_CHECKS)
                                   | ({message_key} if message_key else set())) - checked
         self._cut = False  # the next line is the last piece of a line that was cut
@@ -2546,7 +2554,7 @@ class JsonEncoder(EncoderBase):
                 kept["message"] = obj["message"]
             obj["message"] = message
         ours = json.loads(b"{" + closing)
-        if not (fixes or moved) and ours.keys().isdisjoint(obj):
+        if not (fixes or moved or app_replaced(obj)) and ours.keys().isdisjoint(obj):
             return self._splice(body, bool(obj), closing)
         if fixes:
             ours[JSON_ERROR_KEY] = "; ".join(fixes)

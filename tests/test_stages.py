@@ -267,6 +267,23 @@ def test_json_encoder_keeps_every_app_value_its_own_keys_replace():
                                  "host": "shipper"}
 
 
+def test_json_encoder_keeps_an_app_s_own_json_replaced_under_its_own():
+    """An app's "@json_replaced" that is not an object goes under zmqpush's by
+    its own key, though no other value was replaced (in a chunk of lines, one
+    by one, and through a container stage); an object merges one level, as a
+    stage's does."""
+    encoder = zmqpush.JsonEncoder(b"t", 7, batch=False)
+    lines = b'{"message":"m","@json_replaced":"mine"}\n{"@json_replaced":[1]}\n' \
+        b'{"@json_replaced":{"k":1}}\n'
+    chunked = [json.loads(m)["@json_replaced"] for m in encoder.encode(lines)[0]]
+    one_by_one = [json.loads(encoder.encode(line + b"\n")[0][0])["@json_replaced"]
+                  for line in lines.split(b"\n")[:-1]]
+    assert chunked == one_by_one == [{"@json_replaced": "mine"}, {"@json_replaced": [1]},
+                                     {"k": 1}]
+    assert zmqpush.merged_event({"@json_replaced": "x"}, {"type": "t"}, False) == {
+        "@json_replaced": {"@json_replaced": "x"}, "type": "t"}
+
+
 def test_json_encoder_keeps_the_app_message_and_error_it_replaces():
     moved = zmqpush.JsonEncoder(b"t", 7, batch=False, message_key="msg", overwrite=True)
     (event,), _ = moved.encode(b'{"msg":"m","message":"own","tags":1,"@json_error":"e"}\n')
