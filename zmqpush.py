@@ -3037,7 +3037,11 @@ def bounded_segments(segments: list, most: int) -> list:
 # continues it (follows); the Joiner holds the pending event and emits runs of
 # plain lines (bytes, as the framer made them) and joined events.  A preset
 # rule's scan() finds, in C passes over a run of lines, the first line that
-# may matter: the lines before it cost no Python step of their own.
+# may matter: the lines before it cost no Python step of their own.  Each
+# preset also names its triggers for Presets' one shared scan: line_starts
+# (regular expressions a line that begins or continues its trace starts
+# with), ruby's line_end, and tail() where the last lines of a run may begin
+# what the next run continues.
 
 CONTINUE, TENTATIVE, LAST = range(3)  # what a line does to the pending event (see follows)
 # ------------------------------------------------------- multi-line rules --
