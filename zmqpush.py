@@ -2233,6 +2233,12 @@ def fix_reserved(obj: dict) -> list:
     return fixes
 
 
+def app_replaced(obj: dict) -> bool:
+    """Whether obj holds a REPLACED_KEY that is not an object: the app's own
+    value, that zmqpush's REPLACED_KEY replaces (see merged_event)."""
+    return REPLACED_KEY in obj and not isinstance(obj[REPLACED_KEY], dict)
+
+
 def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = None) -> dict:
     """An app's object (its reserved keys checked) and zmqpush's own keys
     (ours) as one event, no value of the app's lost (README "Structured logs").
@@ -2242,7 +2248,9 @@ def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = Non
     one.  On any other key both set, ours win unless overwrite, and the app's
     values they replace are kept under REPLACED_KEY (with kept, values the
     caller replaced already); two objects ("@metadata", "host") merge key by
-    key, the same way; "@json_error" is always ours."""
+    key, the same way; "@json_error" is always ours.  REPLACED_KEY is ours
+    too: the app's own, unless an object (then merged with ours one level,
+    as a stage's before is), is kept under it by its own key."""
     ours, kept = dict(ours), dict(kept or {})
     read_time = ours.pop("@timestamp") if "@timestamp" in obj and "@timestamp" in ours else None
     event = dict(obj)
@@ -2256,7 +2264,7 @@ def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = Non
         elif key == JSON_ERROR_KEY or not overwrite:
             kept[key] = obj[key]
             event[key] = value
-    if kept:
+    if kept or app_replaced(obj):
         before = obj.get(REPLACED_KEY)
         if isinstance(before, dict) and not before.keys() & kept.keys():
             kept = {**before, **kept}  # e.g. what a stage kept (Unwrapping): one level
@@ -2324,7 +2332,7 @@ class JsonEncoder(EncoderBase):
         self._message_key = message_key
         self._overwrite = overwrite
         ours = {k.decode() for k, _ in fields} | {"type", "@pid", "@continues",
-                                                   JSON_ERROR_KEY}
+                                                   JSON_ERROR_KEY, REPLACED_KEY}
         self._watched = frozenset(ours | set(RESERVED_CHECKS)
                                   | ({message_key} if message_key else set())) - checked
         self._cut = False  # the next line is the last piece of a line that was cut
@@ -2559,7 +2567,7 @@ class JsonEncoder(EncoderBase):
                 kept["message"] = obj["message"]
             obj["message"] = message
         ours = json.loads(b"{" + closing)
-        if not (fixes or moved) and ours.keys().isdisjoint(obj):
+        if not (fixes or moved or app_replaced(obj)) and ours.keys().isdisjoint(obj):
             return self._splice(body, bool(obj), closing)
         if fixes:
             ours[JSON_ERROR_KEY] = "; ".join(fixes)
@@ -3042,7 +3050,11 @@ def bounded_segments(segments: list, most: int) -> list:
 # continues it (follows); the Joiner holds the pending event and emits runs of
 # plain lines (bytes, as the framer made them) and joined events.  A preset
 # rule's scan() finds, in C passes over a run of lines, the first line that
-# may matter: the lines before it cost no Python step of their own.
+# may matter: the lines before it cost no Python step of their own.  Each
+# preset also names its triggers for Presets' one shared scan: line_starts
+# (regular expressions a line that begins or continues its trace starts
+# with), ruby's line_end, and tail() where the last lines of a run may begin
+# what the next run continues.
 
 CONTINUE, TENTATIVE, LAST = range(3)  # what a line does to the pending event (see follows)
 # ------------------------------------------------------- multi-line rules --
@@ -3120,6 +3132,8 @@ class PythonRule:
     with the next traceback."""
 
     FRAMES, GROUP, EXCEPTION, CHAINING, CHAINED = range(5)
+    line_starts = (rb"Traceback \(most recent call last\):", rb'  File "',
+                   rb"[ \t]*\+ Exception Group ")  # see Presets.scan
     _chain = (b"During handling of the above exception, another exception occurred:",
               b"The above exception was the direct cause of the following exception:")
 
@@ -3183,6 +3197,8 @@ class JavaRule:
     "LEVEL: message" line after it, is one event."""
 
     HEAD, TRACE, JUL, MESSAGE = range(4)  # MESSAGE + n: n + 1 lines of the message
+    line_starts = (rb"\t", rb" +(?:at |\.\.\. |Suppressed: |Caused by: )", rb"Caused by: ",
+                   rb"SEVERE: ", rb"WARNING: ")
     # scan() passes over a head that no frame follows in the chunk: right for
     # one stream of lines, not for lines of several sources (see ObjectView).
     scans_one_stream = True
@@ -3208,11 +3224,16 @@ class JavaRule:
             at = chunk.find(level, pos)
             if at >= 0:
                 found.append(_line_start(chunk, at, pos))
-        found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
+        found.append(self.tail(chunk, pos))
+        return min((at for at in found if at >= 0), default=-1)
+
+    def tail(self, chunk: bytes, pos: int) -> int:
+        """Where an event may begin among chunk's last lines that the next
+        chunk's frames (or JUL level line) may continue, or -1."""
         last = _line_start(chunk, len(chunk) - 1, pos)  # a JUL header its level line follows
         if self._jul.match(chunk, last, len(chunk) - 1):
-            found.append(last)
-        return min((at for at in found if at >= 0), default=-1)
+            return last
+        return _head_above(chunk, pos, len(chunk), self._head, self._record)
 
     def _above(self, chunk: bytes, pos: int, at: int) -> int:
         """Where an event with the continuation line that holds `at` may begin:
@@ -3249,6 +3270,9 @@ class GoRule:
     "created by ..."); blank lines continue it when such a line follows them."""
 
     PANIC, STACK = range(2)
+    # net/http's record's own line may hold "panic" anywhere: the line after it starts so
+    line_starts = (rb"panic: ", rb"fatal error: ", rb"runtime: ", rb"\t", rb"\[signal ",
+                   rb"goroutine ")
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
@@ -3291,6 +3315,8 @@ class RubyRule:
     them."""
 
     MESSAGE, FRAMES, LOGGED, BACKTRACE = range(4)
+    line_starts = (rb"\t", rb"[EF], \[")
+    line_end = rb"\)\r?\n"  # an uncaught exception's first line ends with its class
     scans_one_stream = True  # a Logger record may begin what the next chunk continues
 
     def __init__(self):
@@ -3338,6 +3364,7 @@ class PhpRule:
 
     HEAD, TRACE, NEXT, MESSAGE = range(4)  # MESSAGE + n: n + 1 lines of the message
     scans_one_stream = True
+    line_starts = (rb"Stack trace:",)
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
@@ -3346,12 +3373,17 @@ class PhpRule:
         self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        found = [self._above(chunk, pos, len(chunk))]  # the next chunk may continue
+        found = [self.tail(chunk, pos)]
         trace = chunk.find(b"\nStack trace:", pos)
         if trace >= 0:
             head = self._above(chunk, pos, trace + 1)
             found.append(head if head >= 0 else trace + 1)
         return min((at for at in found if at >= 0), default=-1)
+
+    def tail(self, chunk: bytes, pos: int) -> int:
+        """Where an event may begin among chunk's last lines that the next
+        chunk's "Stack trace:" may continue, or -1."""
+        return self._above(chunk, pos, len(chunk))
 
     def _above(self, chunk: bytes, pos: int, line: int) -> int:
         """Where an event may begin whose "Stack trace:" line starts at `line`
@@ -3401,6 +3433,7 @@ class NodeRule:
     HEAD, STACK, SOURCE, CARET, THROW, THROWN, AFTER, MESSAGE = range(8)
     # MESSAGE + n: n + 1 lines of the message
     scans_one_stream = True
+    line_starts = (rb" +(?:at |\.\.\. \d+ lines? matching )", rb"Node\.js v")
 
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
@@ -3415,9 +3448,15 @@ class NodeRule:
         version = chunk.find(b"\nNode.js v", pos)
         if version >= 0:
             found.append(self._where_above(chunk, pos, version + 1))
-        found.append(_head_above(chunk, pos, len(chunk), self._head, self._record))
-        # an uncaught error's first lines that the next chunk may continue
-        found.append(self._where_above(chunk, pos, len(chunk), MESSAGE_LINES + 5))
+        found.append(self.tail(chunk, pos))
+        return min((at for at in found if at >= 0), default=-1)
+
+    def tail(self, chunk: bytes, pos: int) -> int:
+        """Where an event may begin among chunk's last lines that the next
+        chunk's stack may continue (an error's, or an uncaught error's first
+        lines), or -1."""
+        found = [_head_above(chunk, pos, len(chunk), self._head, self._record),
+                 self._where_above(chunk, pos, len(chunk), MESSAGE_LINES + 5)]
         return min((at for at in found if at >= 0), default=-1)
 
     def _above(self, chunk: bytes, pos: int, line: int) -> int:
@@ -3490,10 +3529,44 @@ class Presets:
         self._rules = [rule() for name, rule in PRESET_RULES.items() if name in names]
         self.scans_one_stream = any(getattr(rule, "scans_one_stream", False)
                                     for rule in self._rules)
+        starts = b"|".join(dict.fromkeys(s for rule in self._rules for s in rule.line_starts))
+        self._starts = re.compile(b"(?:%s)" % starts)
+        self._later_starts = re.compile(b"\n(?:%s)" % starts)
+        ends = [rule.line_end for rule in self._rules if hasattr(rule, "line_end")]
+        self._ends = re.compile(b"|".join(ends)) if ends else None
+        self._tails = [rule.tail for rule in self._rules if hasattr(rule, "tail")]
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        found = [at for at in (rule.scan(chunk, pos) for rule in self._rules) if at >= 0]
-        return min(found) if found else -1
+        """The rules' scan() at once.  One shared pass finds whether a line
+        at or after pos holds a trigger of any rule (a trace's first line, or
+        a line that continues one: its start, or ruby's end); only then are
+        the rules' own scan() run.  Without one, only chunk's last lines,
+        that the next chunk may continue, are looked at: each rule's tail()
+        and every rule's begins() of the last line."""
+        if self._triggered(chunk, pos):
+            found = [at for at in (rule.scan(chunk, pos) for rule in self._rules) if at >= 0]
+            return min(found, default=-1)
+        found = [at for at in (tail(chunk, pos) for tail in self._tails) if at >= 0]
+        last = _line_start(chunk, len(chunk) - 1, pos)
+        if self.begins(chunk[last:len(chunk) - 1]) is not None:
+            found.append(last)
+        return min(found, default=-1)
+
+    def _triggered(self, chunk: bytes, pos: int) -> bool:
+        """Whether a line at or after pos holds a trigger."""
+        if self._starts.match(chunk, pos) or self._later_starts.search(chunk, pos):
+            return True
+        if self._ends is None:
+            return False
+        at = pos
+        for _ in range(len(chunk)):  # each line ending so that ruby's first line may
+            ended = self._ends.search(chunk, at)
+            if ended is None:
+                return False
+            at = ended.end()
+            if chunk.find(b":in ", _line_start(chunk, ended.start(), pos), ended.start()) >= 0:
+                return True
+        return False
 
     def begins(self, line: bytes):
         for rule in self._rules:
@@ -3718,8 +3791,10 @@ class TextView:
 
     @staticmethod
     def event(records: list, cut: bool, held: int, out: _ItemList) -> bool:
-        """records leave as one event; False if they cannot (then as lines)."""
-        out.event(b"\n".join(records), cut, len(records), held)
+        """records leave as one event; False if they cannot (then as lines).
+        A cut event ends with the newline after its last line (see Joiner)."""
+        text = b"\n".join(records)
+        out.event(text + b"\n" if cut else text, cut, len(records), held)
         return True
 
     @staticmethod
@@ -3750,7 +3825,12 @@ class Joiner:
     Segment.held): per source, what the Joiner holds is always its newest
     lines, and leaves oldest first.  Counts the events and lines joined and
     the events cut.  clock() (the loop's time) stamps each source's last
-    line, for the quiet timer (quiet_at)."""
+    line, for the quiet timer (quiet_at).
+
+    An event cut (at a cap, or pushed out) ends with the newline after its
+    last line: its message and the next one of its source, concatenated, give
+    back the lines as they came, as the pieces of a line cut at
+    --max-line-bytes do ("@continues" has that one meaning)."""
 
     def __init__(self, rule, max_lines: int, max_bytes: int, counters: Counters,
                  *, clock=time.monotonic, view=TextView):
@@ -4119,20 +4199,18 @@ class ObjectView:
         run = records[first:last]
         out.lines(b"\n".join(map(_FIRST, run)) + b"\n", 0, [r[_DOCUMENT] for r in run])
 
-    @staticmethod
-    def lines(records: list, held: int, out: _ItemList, cut: bool = False):
+    def lines(self, records: list, held: int, out: _ItemList, cut: bool = False):
         for record in records:
             was_held = held > 0
             held -= was_held
             if cut:
-                out.event(record[_RAW], True, 1, was_held, record[_DOCUMENT])
+                self._cut_event([record], was_held, out)
             else:
                 out.lines(record[_RAW] + b"\n", was_held, [record[_DOCUMENT]])
 
     def event(self, records: list, cut: bool, held: int, out: _ItemList) -> bool:
-        if len(records) == 1:
-            self.lines(records, held, out, cut=True)
-            return True
+        if cut:
+            return self._cut_event(records, held, out)
         if records[0][_MESSAGE] is None:  # lines that are not JSON objects
             out.event(b"\n".join(map(_FIRST, records)), cut, len(records), held)
             return True
@@ -4142,6 +4220,22 @@ class ObjectView:
             return False
         out.event(joined[0], cut, len(records), held, joined[1])
         return True
+
+    def _cut_event(self, records: list, held: int, out: _ItemList) -> bool:
+        """records as a cut event, its message ending with the newline after
+        its last line (see Joiner); False if they cannot be one (then lines:
+        several; one line leaves as it came, marked cut)."""
+        if records[0][_MESSAGE] is None:  # lines that are not JSON objects
+            out.event(b"\n".join(map(_FIRST, records)) + b"\n", True, len(records), held)
+            return True
+        joined = self._joined_line(records, "\n")
+        if joined is not None:
+            out.event(joined[0], True, len(records), held, joined[1])
+        elif len(records) == 1:
+            out.event(records[0][_RAW], True, 1, held, records[0][_DOCUMENT])
+        else:
+            self.lines(records, held, out)
+        return joined is not None or len(records) == 1
 
     def _record(self, line: bytes, sequence: int) -> tuple:
         """line's record (see _RAW ...)."""
@@ -4164,15 +4258,15 @@ class ObjectView:
                 message = "\n".join(m for m in message if isinstance(m, str))
         return message if isinstance(message, str) else None
 
-    def _joined_line(self, records: list) -> tuple | None:
+    def _joined_line(self, records: list, end: str = "") -> tuple | None:
         """(line, document): the first line's object with its message replaced
-        by the records' messages joined, as one JSON line, and its parse (see
-        ParsedLines); None if it cannot be written."""
+        by the records' messages joined (and end after them), as one JSON
+        line, and its parse (see ParsedLines); None if it cannot be written."""
         document = records[0][_DOCUMENT]
         obj = (document[1] if document is not None else
                _scan_json(records[0][_RAW].decode("utf-8").lstrip(_JSON_SPACE), 0)[0])
         obj = dict(obj)
-        obj[self._message_key] = "\n".join(record[_MESSAGE] for record in records)
+        obj[self._message_key] = "\n".join(record[_MESSAGE] for record in records) + end
         try:
             text = _dump_json(obj)
             return text.encode("utf-8"), (text, obj, len(text), True)

@@ -506,6 +506,23 @@ def test_every_trace_is_one_event_wherever_a_read_ends(corpus):
         assert messages_of(items) == expected, data[:end][-300:]
 
 
+def test_each_trace_alone_among_ordinary_lines_is_one_event(corpus):
+    """All six presets' one shared scan (Presets.scan) finds each trace when it
+    is the only one in a read: each region alone after ordinary lines, in one
+    feed and with the read ending inside it."""
+    ordinary = [f"Nov 27 10:00:0{n} host app[7]: ordinary line {n} (ok)" for n in range(3)]
+    rule = zmqpush.joining_rule(zmqpush.Multiline(tuple(ALL.split(",")), None, False, True,
+                                                  500, 1 << 20, 0.2))
+    for region, spec in every_runtime(corpus):
+        data, expected = stream_of([(region, spec)])
+        data = "".join(line + "\n" for line in ordinary).encode() + data
+        middle = data.index(b"\n", len(data) // 2) + 1
+        for reads in ([data], [data[:middle], data[middle:]]):
+            joiner = zmqpush.Joiner(rule, 500, 1 << 20, zmqpush.Counters())
+            items = [item for read in reads for item in joiner.feed(read)] + joiner.flush()
+            assert messages_of(items) == ordinary + expected, region
+
+
 def messages_of(items: list) -> list:
     """The messages a Joiner's items make: a run's lines one by one, then events."""
     out = []

@@ -114,10 +114,26 @@ def test_joiner_cuts_at_its_line_cap_and_says_held_lines():
     join = joiner(zmqpush.PythonRule(), max_lines=3)
     assert join.feed(chunk(TRACE[:2])) == [] and join.pending() == 2
     out = join.feed(chunk(TRACE[2:]))
-    assert lines_of(out) == [("event", b"\n".join(TRACE[:3]), 3, True)]
+    assert lines_of(out) == [("event", b"\n".join(TRACE[:3]) + b"\n", 3, True)]
     assert out[0].held == 2  # two of its lines were held before this call
     out = join.flush()
     assert lines_of(out) == [("line", TRACE[3], 1, False)] and out[0].held == 1
+
+
+@pytest.mark.parametrize("caps", [(500, 1 << 20), (3, 1 << 20), (500, 150), (2, 40)])
+def test_joiner_s_pieces_concatenated_are_the_lines_as_they_came(caps):
+    """"@continues" has one meaning (issue 35): an event cut at a cap ends with
+    the newline after its last line, so the pieces, concatenated, give back
+    the bytes, as an over-long line's pieces do."""
+    trace = [b"java.lang.StackOverflowError: deep"] + [
+        b"\tat Deep.recurse(Deep.java:%d)" % n for n in range(1200)]
+    join = joiner(zmqpush.JavaRule(), *caps)
+    events = lines_of(join.feed(chunk([*trace, b"1 next"])) + join.flush())
+    assert events[-1] == ("line", b"1 next", 1, False)
+    pieces = events[:-1]
+    assert len(pieces) > 1 and [cut for *_, cut in pieces] == [True] * (len(pieces) - 1) + [False]
+    assert b"".join(text for _, text, *_ in pieces) == b"\n".join(trace)
+    assert all(text.endswith(b"\n") for _, text, *_ in pieces[:-1])
 
 
 def test_joiner_holds_no_tentative_line_past_its_line_cap():
@@ -189,6 +205,8 @@ def test_per_source_view_pushes_out_the_oldest_event_past_its_caps(monkeypatch):
         out = join.feed(chunk(lines))
         assert [(json.loads(text)["src"], n, cut) for _, text, n, cut in lines_of(out)] == [
             ("a", 2, True)], caps
+        assert json.loads(lines_of(out)[0][1])["message"] == "\n".join(
+            t.decode() for t in TRACE[:2]) + "\n"
         assert counters.events_pushed_out == 1 and join.pending() == 4
         assert join.holding() == lines[2:]
 
@@ -247,6 +265,23 @@ def test_json_encoder_keeps_every_app_value_its_own_keys_replace():
     (event,), _ = overwrite.encode(b'{"type":"audit","event":{"created":"x"}}\n')
     assert json.loads(event) == {"type": "audit", "event": {"created": "x"}, "@pid": 7,
                                  "host": "shipper"}
+
+
+def test_json_encoder_keeps_an_app_s_own_json_replaced_under_its_own():
+    """An app's "@json_replaced" that is not an object goes under zmqpush's by
+    its own key, though no other value was replaced (in a chunk of lines, one
+    by one, and through a container stage); an object merges one level, as a
+    stage's does."""
+    encoder = zmqpush.JsonEncoder(b"t", 7, batch=False)
+    lines = b'{"message":"m","@json_replaced":"mine"}\n{"@json_replaced":[1]}\n' \
+        b'{"@json_replaced":{"k":1}}\n'
+    chunked = [json.loads(m)["@json_replaced"] for m in encoder.encode(lines)[0]]
+    one_by_one = [json.loads(encoder.encode(line + b"\n")[0][0])["@json_replaced"]
+                  for line in lines.split(b"\n")[:-1]]
+    assert chunked == one_by_one == [{"@json_replaced": "mine"}, {"@json_replaced": [1]},
+                                     {"k": 1}]
+    assert zmqpush.merged_event({"@json_replaced": "x"}, {"type": "t"}, False) == {
+        "@json_replaced": {"@json_replaced": "x"}, "type": "t"}
 
 
 def test_json_encoder_keeps_the_app_message_and_error_it_replaces():

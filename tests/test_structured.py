@@ -216,6 +216,22 @@ def test_zmqpush_keys_win_unless_overwrite_and_no_app_value_is_lost(receiver):
     assert "@json_replaced" not in theirs
 
 
+def test_an_app_s_own_json_replaced_goes_under_zmqpush_s(receiver):
+    """"@json_replaced" is zmqpush's key, as "@json_error" is, with or without
+    --json-overwrite: an app's own (not an object) is kept under it by its own
+    key, beside the app's values that zmqpush's keys replaced, if any."""
+    lines = b'{"message":"m","@json_replaced":"app text"}\n{"type":"audit","@json_replaced":7}\n'
+    args = ["app", "--json", "-c", receiver.endpoint]
+    assert run(args, lines).returncode == 0
+    assert run([*args, "--json-overwrite"], lines).returncode == 0
+    first, second, over_first, over_second = events_of(receiver, 4)
+    assert first["@json_replaced"] == {"@json_replaced": "app text"} and first["message"] == "m"
+    assert second["@json_replaced"] == {"type": "audit", "@json_replaced": 7}
+    assert second["type"] == "app"
+    assert over_first["@json_replaced"] == {"@json_replaced": "app text"}
+    assert over_second["@json_replaced"] == {"@json_replaced": 7} and over_second["type"] == "audit"
+
+
 def test_target_key_and_message_key(receiver):
     lines = [b'{"msg":"hello","level":"info","type":"t"}', b'{"level":"debug"}',
              b'{"msg":7}', b"not json"]
