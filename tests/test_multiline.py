@@ -268,13 +268,14 @@ def test_max_line_bytes_applies_to_the_joined_event(receiver):
 
 
 def test_continuation_lines_with_no_start(receiver):
-    """Frames with no head: Java's make an event of their own; Python's
-    indented lines without a "Traceback" line stay lines."""
+    """Frames with no head: Java's make an event of their own, and so do
+    Python's '  File' lines without a "Traceback" line (traceback.print_stack()
+    prints them so)."""
     data = (b"\tat a.B.c(B.java:1)\n\tat a.B.d(B.java:2)\nplain\n"
             b'  File "x.py", line 2, in f\n    f()\nplain\n')
     ship(receiver, data, "--multiline", "java,python")
     assert receiver.messages() == ["\tat a.B.c(B.java:1)\n\tat a.B.d(B.java:2)", "plain",
-                                   '  File "x.py", line 2, in f', "    f()", "plain"]
+                                   '  File "x.py", line 2, in f\n    f()', "plain"]
 
 
 def test_a_trace_at_eof_without_a_newline_is_one_event(receiver):
