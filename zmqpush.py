@@ -3117,10 +3117,9 @@ class PythonRule:
     after any logging record)."""
 
     FRAMES, GROUP, EXCEPTION, CHAINING, CHAINED, HEADER, STACK, FATAL, RECORD = range(9)
+    # see Presets.scan; a traceback's or stack's own line follows the other first lines
     line_starts = (rb"Traceback \(most recent call last\):", rb'  File "',
-                   rb"[ \t]*\+ Exception Group ", rb"Exception in thread ",
-                   rb"Exception ignored in: ", rb"future: <", rb"Stack \(most recent call ",
-                   rb"Fatal Python error: ", rb"(?:Current t|T)hread 0x")  # see Presets.scan
+                   rb"[ \t]*\+ Exception Group ", rb"future: <", rb"Fatal Python error: ")
     _needles = (b"Traceback (most recent call last):", b'  File "', b"Exception in thread ",
                 b"Exception ignored in: ", b"exception was never retrieved",
                 b"Stack (most recent call ", b"Fatal Python error: ", b"hread 0x")
@@ -3356,7 +3355,7 @@ class RubyRule:
     report after it."""
 
     MESSAGE, FRAMES, LOGGED, BACKTRACE = range(4)
-    line_starts = (rb"\t", rb"[EF], \[", rb"#<Thread:")
+    line_starts = (rb"\t", rb"[EF], \[")  # a thread's report: the report's line follows
     line_end = rb"\)\r?\n"  # an uncaught exception's first line ends with its class
     scans_one_stream = True  # a Logger record may begin what the next chunk continues
 
