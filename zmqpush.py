@@ -139,7 +139,9 @@ SPOOL_REPLAY_BYTES = 64 << 20
 # how much of a line a --multiline-pattern is matched against (a bound on what
 # a slow pattern can cost per line).
 MULTILINE_PRESETS = ("python", "java", "go", "ruby", "php", "node")
-DEFAULT_MULTILINE_MAX_LINES = 500
+# 1,100 lines: a JVM's StackOverflowError (1,024 frames by default) stays one event;
+# the cap in bytes (--max-line-bytes) is what memory_need counts of a joined event.
+DEFAULT_MULTILINE_MAX_LINES = 1100
 DEFAULT_MULTILINE_TIMEOUT = 3.0
 MULTILINE_MATCH_BYTES = 256
 # Joining per source (--multiline with --json or --journal, see ObjectView):
