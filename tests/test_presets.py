@@ -88,12 +88,18 @@ asyncio.run(main())
 mark()
 logging.getLogger("svc").warning("slow request", stack_info=True)
 mark()
+try:
+    int("12x")
+except ValueError:
+    logging.getLogger("svc").error("parse failed", exc_info=True, stack_info=True)
+print("an unstamped line after the stack", file=sys.stderr, flush=True)
+mark()
 def inner(): traceback.print_stack()
 inner()
 mark()
 faulthandler.dump_traceback()
 mark()
-""", [[0], [0], [2, 0], [1, 0], [0], [0]]),
+""", [[0], [0], [2, 0], [1, 0], [1, 0, 1], [0], [0]]),
     "segfault.py": ("import ctypes, faulthandler\nfaulthandler.enable()\n"
                     "def native(): ctypes.string_at(0)\nnative()\n", [[0]]),
     "chained.py": ("""\
@@ -263,6 +269,8 @@ console.error("{MARK}");
 console.error("an ordinary line");
 """, [[0], [0], [1]]),
     "traced.js": ("function handler() { console.trace('slow path'); }\nhandler();\n", [[0]]),
+    "assert_caught.js": ("try { require('assert').deepStrictEqual([1, 2], [1, 3]); }\n"
+                         "catch (e) { console.error(e); }\n", [[0]]),
     "assert.js": ("require('assert').deepStrictEqual({ a: 1, b: [1, 2] }, { a: 1, b: [1, 3] });\n",
                   [[0]]),
     "uncaught.js": ("function f() { null.x; }\nf();\n", [[0]]),
