@@ -3349,12 +3349,13 @@ class RubyRule:
     such line follows); lines starting with a tab and "from FILE:LINE:" or
     "... N levels..." continue it, and so does a cause's own first line.
     Logger's record of an exception at ERROR or FATAL ('E, [TIME #PID] ERROR
-    -- PROG: message (Class)') begins an event that its backtrace's lines
-    ('FILE:LINE:in `METHOD'') continue, and the message's later lines before
-    them; an uncaught exception's first line after a record line that does not
-    end with its class begins an event of its own.  A thread's report ('#<Thread:...>
-    terminated with exception ...:') begins the event of the exception's
-    report after it."""
+    -- PROG: message (Class)', or any record line ending so: another
+    formatter's) begins an event that its backtrace's lines ('FILE:LINE:in
+    `METHOD'') continue, and the message's later lines before them; an
+    uncaught exception's first line after a record line that does not end
+    with its class begins an event of its own.  A thread's report
+    ('#<Thread:...> terminated with exception ...:') begins the event of the
+    exception's report after it."""
 
     MESSAGE, FRAMES, LOGGED, BACKTRACE = range(4)
     line_starts = (rb"\t", rb"[EF], \[")  # a thread's report: the report's line follows
@@ -3368,15 +3369,23 @@ class RubyRule:
         self._logged = re.compile(rb"[EF], \[[^\]]*\] +[A-Z]+ -- [^:]*: ")
         self._backtrace = re.compile(rb"[^\s:][^:]*:\d+:in [`']")
         self._thread = re.compile(rb"#<Thread:[^>]*> terminated with exception ")
+        self._class = re.compile(rb" \([A-Z][\w:]*\)\r?$")  # a record of another layout
         self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        return _first_found(chunk, pos, (b":in ", b"] ERROR -- ", b"] FATAL -- ", b"#<Thread:"))
+        found = _first_found(chunk, pos, (b":in ", b"] ERROR -- ", b"] FATAL -- ", b"#<Thread:"))
+        if found < 0:  # a record whose backtrace the next chunk may hold
+            found = _line_start(chunk, len(chunk) - 1, pos)
+            return found if self.begins(chunk[found:len(chunk) - 1]) is not None else -1
+        above = _line_start(chunk, found - 1, pos) if found > pos else found
+        return above if self.begins(chunk[above:found - 1]) == self.LOGGED else found
 
     def begins(self, line: bytes):
         if self._begin.match(line) or self._thread.match(line):
             return self.MESSAGE
-        return self.LOGGED if self._logged.match(line) else None
+        if self._logged.match(line) or (self._record.match(line) and self._class.search(line)):
+            return self.LOGGED
+        return None
 
     def follows(self, state: int, line: bytes):
         if state >= self.LOGGED:
@@ -3610,8 +3619,9 @@ class Presets:
             ended = self._ends.search(chunk, at)
             if ended is None:
                 return False
-            at = ended.end()
-            if chunk.find(b":in ", _line_start(chunk, ended.start(), pos), ended.start()) >= 0:
+            at = ended.end()  # ":in " on it, or on the next line (a record's backtrace)
+            if chunk.find(b":in ", _line_start(chunk, ended.start(), pos),
+                          chunk.find(b"\n", at)) >= 0:
                 return True
         return False
 

@@ -235,7 +235,8 @@ end
 $stderr.puts "{MARK}"
 log.info("an ordinary logger line")
 """, [[0], [0], [1]]),
-    # a Logger record not ending in (Class) before a report; a thread's report
+    # a Logger record not ending in (Class) before a report; a thread's report; a
+    # Logger with its own formatter
     "reports.rb": (f"""\
 require "logger"
 $stderr.sync = true
@@ -250,7 +251,18 @@ end
 $stderr.puts "{MARK}"
 Thread.new {{ raise IOError, "socket closed" }}.join rescue nil
 $stderr.puts "{MARK}"
-""", [[1, 0], [0]]),
+log.formatter = proc do |sev, time, _, msg|
+  trace = msg.is_a?(Exception) ? "\\n" + msg.backtrace.join("\\n") : ""
+  body = msg.is_a?(Exception) ? "#{{msg.message}} (#{{msg.class}})#{{trace}}" : msg
+  "#{{time.utc.strftime("%Y-%m-%dT%H:%M:%S.%3NZ")}} [#{{sev}}] #{{body}}\\n"
+end
+begin
+  find(8)
+rescue => e
+  log.error(e)
+end
+$stderr.puts "{MARK}"
+""", [[1, 0], [0], [0]]),
     "overflow.rb": ("def deep(n) = deep(n + 1)\ndeep(0)\n", [[0]]),
     "highlight.rb": ("def a = b\ndef b = x.upcase\ndef x = nil\na\n", [[0]]),
     "mean.rb": ("def foo_bar; end\nfoo_baz\n", [[0]]),
@@ -586,6 +598,16 @@ def test_every_trace_is_one_event_wherever_a_read_ends(corpus):
         joiner = zmqpush.Joiner(rule, 500, 1 << 20, zmqpush.Counters())
         items = joiner.feed(data[:end]) + joiner.feed(data[end:]) + joiner.flush()
         assert messages_of(items) == expected, data[:end][-300:]
+
+
+def test_every_trace_is_one_event_in_a_read_of_its_own(corpus):
+    """The Joiner fed each shape alone, one read: what triggers the presets'
+    shared scan is in the shape itself, not in the other shapes' lines."""
+    rule = zmqpush.joining_rule(zmqpush.Multiline(tuple(ALL.split(",")), None, False, True,
+                                                  500, 1 << 20, 0.2))
+    for region, spec in every_runtime(corpus):
+        joiner = zmqpush.Joiner(rule, 500, 1 << 20, zmqpush.Counters())
+        assert messages_of(joiner.feed(region) + joiner.flush()) == events_of(region, spec)
 
 
 def messages_of(items: list) -> list:
