@@ -139,7 +139,9 @@ SPOOL_REPLAY_BYTES = 64 << 20
 # how much of a line a --multiline-pattern is matched against (a bound on what
 # a slow pattern can cost per line).
 MULTILINE_PRESETS = ("python", "java", "go", "ruby", "php", "node")
-DEFAULT_MULTILINE_MAX_LINES = 500
+# 1,100 lines: a JVM's StackOverflowError (1,024 frames by default) stays one event;
+# the cap in bytes (--max-line-bytes) is what memory_need counts of a joined event.
+DEFAULT_MULTILINE_MAX_LINES = 1100
 DEFAULT_MULTILINE_TIMEOUT = 3.0
 MULTILINE_MATCH_BYTES = 256
 # Joining per source (--multiline with --json or --journal, see ObjectView):
@@ -3097,17 +3099,19 @@ def record_header() -> re.Pattern:
         rb"|(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|CRITICAL|FATAL|SEVERE|PHP [A-Z])\b")
 
 
-def _head_above(chunk: bytes, pos: int, at: int, head: re.Pattern, record: re.Pattern) -> int:
+def _head_above(chunk: bytes, pos: int, at: int, head: re.Pattern, record: re.Pattern,
+                *, blanks: bool = False) -> int:
     """The start of the nearest line above the one that starts at `at` (and not
     before pos) that head matches, when at most MESSAGE_LINES lines lie
-    between them and none of them is blank or a record line; else -1."""
+    between them and none of them is a record line (nor blank, unless
+    blanks); else -1."""
     for _ in range(MESSAGE_LINES + 1):
         if at <= pos:
             return -1
         start = _line_start(chunk, at - 1, pos)
         if head.match(chunk, start, at - 1):
             return start
-        if start == at - 1 or record.match(chunk, start, at - 1):
+        if (start == at - 1 and not blanks) or record.match(chunk, start, at - 1):
             return -1
         at = start
     return -1
@@ -3129,11 +3133,23 @@ class PythonRule:
     handling of the above exception, another exception occurred:" or "The
     above exception was the direct cause of the following exception:" (or
     that line right after the exception's, as journald keeps it) continues it
-    with the next traceback."""
+    with the next traceback.  The runtime's own line before a traceback
+    ("Exception in thread NAME:", "Exception ignored in: ...") begins its
+    event.  A stack without an exception (logging's stack_info "Stack (most
+    recent call last):", traceback.print_stack()'s '  File "...", line N, in
+    f' lines, faulthandler's "Fatal Python error: ..." and "Current thread
+    0x... (most recent call first):" blocks) is one event of its indented
+    lines.  asyncio's record "... exception was never retrieved" and its
+    "future: <...>" line are one event (the traceback after it its own, as
+    after any logging record)."""
 
-    FRAMES, GROUP, EXCEPTION, CHAINING, CHAINED = range(5)
+    FRAMES, GROUP, EXCEPTION, CHAINING, CHAINED, HEADER, STACK, FATAL, RECORD = range(9)
+    # see Presets.scan; a traceback's or stack's own line follows the other first lines
     line_starts = (rb"Traceback \(most recent call last\):", rb'  File "',
-                   rb"[ \t]*\+ Exception Group ")  # see Presets.scan
+                   rb"[ \t]*\+ Exception Group ", rb"future: <", rb"Fatal Python error: ")
+    _needles = (b"Traceback (most recent call last):", b'  File "', b"Exception in thread ",
+                b"Exception ignored in: ", b"exception was never retrieved",
+                b"Stack (most recent call ", b"Fatal Python error: ", b"hread 0x")
     _chain = (b"During handling of the above exception, another exception occurred:",
               b"The above exception was the direct cause of the following exception:")
 
@@ -3142,30 +3158,65 @@ class PythonRule:
         self._begin = re.compile(
             rb"(Traceback \(most recent call last\):|  File \".*\", line \d+"
             rb"|[ \t]*\+ Exception Group Traceback \(most recent call last\):)\r?$")
+        self._header = re.compile(rb'Exception in thread [^"].*:\r?$|Exception ignored in: ')
+        self._stack = re.compile(rb'  File ".*", line \d+, in |Stack \(most recent call ')
+        self._threads = re.compile(rb"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call "
+                                   rb"first\):\r?$|Stack \(most recent call first\):\r?$")
         self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        return _first_found(chunk, pos, (b"Traceback (most recent call last):", b'  File "'))
+        return _first_found(chunk, pos, self._needles)
 
     def begins(self, line: bytes):
         match = self._begin.match(line)
-        if match is None:
-            return None
-        return self.GROUP if b"+ Exception Group" in match[1] else self.FRAMES
+        if match is not None:
+            return self.GROUP if b"+ Exception Group" in match[1] else self.FRAMES
+        if self._header.match(line):
+            return self.HEADER
+        if self._stack.match(line) or self._threads.match(line):
+            return self.STACK
+        if line.startswith(b"Fatal Python error: "):
+            return self.FATAL
+        return self.RECORD if line.rstrip(b"\r").endswith(b"exception was never retrieved") \
+            else None
 
     def follows(self, state: int, line: bytes):
-        if state == self.CHAINED:
-            if _blank(line):
-                return CONTINUE, state
-            begun = self.begins(line)
-            return None if begun is None else (CONTINUE, begun)
-        if state == self.CHAINING:
-            return (CONTINUE, self.CHAINED) if line.rstrip(b"\r") in self._chain else None
+        if state >= self.HEADER:
+            return self._outside_traceback(state, line)
+        if state >= self.CHAINING:
+            return self._chaining(state, line)
         if _blank(line):
             return None if state == self.FRAMES else (TENTATIVE, self.CHAINING)
         if state == self.EXCEPTION:
             return self._after_exception(line)
         return self._in_frames(state, line)
+
+    def _chaining(self, state: int, line: bytes):
+        """follows() after the blank line after an exception line (CHAINING),
+        and after the line that chains the next traceback (CHAINED)."""
+        if state == self.CHAINING:
+            return (CONTINUE, self.CHAINED) if line.rstrip(b"\r") in self._chain else None
+        if _blank(line):
+            return CONTINUE, state
+        begun = self.begins(line)
+        return None if begun is None or begun > self.GROUP else (CONTINUE, begun)
+
+    def _outside_traceback(self, state: int, line: bytes):
+        """follows() after a line that announces a traceback, in a stack
+        without an exception, and after asyncio's record."""
+        if state == self.HEADER:
+            begun = self._begin.match(line)
+            return None if begun is None else (CONTINUE, self.begins(line))
+        if state == self.RECORD:
+            return (LAST, state) if line.startswith(b"future: <") else None
+        if _blank(line):
+            return TENTATIVE, self.FATAL
+        if state == self.STACK and line[0] in _INDENT:
+            return CONTINUE, state
+        if state == self.FATAL and (self._threads.match(line)
+                                    or line.startswith(b"Extension modules: ")):
+            return CONTINUE, self.STACK
+        return None
 
     def _in_frames(self, state: int, line: bytes):
         """follows() for a line that is not blank, in FRAMES or GROUP."""
@@ -3179,6 +3230,8 @@ class PythonRule:
         """follows() for a line that is not blank after the exception line."""
         if line.rstrip(b"\r") in self._chain:
             return CONTINUE, self.CHAINED
+        if line.startswith(b"Stack (most recent call last):"):  # logging's stack_info
+            return CONTINUE, self.STACK
         if self._record.match(line) or self._begin.match(line):
             return None
         return CONTINUE, self.EXCEPTION
@@ -3206,9 +3259,11 @@ class JavaRule:
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
         self._head = re.compile(rb'(?:Exception in thread "[^"]*" [\w$.]+|[A-Za-z_$][\w$]*'
-                                rb'(?:\.[A-Za-z_$][\w$]*)+)(?:: .*)?\r?$')
+                                rb'(?:\.[A-Za-z_$][\w$]*)+|[A-Za-z_]\w*(?:\$[\w$]+)+)'
+                                rb'(?:: .*)?\r?$')  # Outer$Inner: the default package
         self._frame = re.compile(rb"[ \t]+(?:at |\.\.\. \d+ (?:more|common frames omitted)"
                                  rb"|Suppressed: |Caused by: )|Caused by: ")
+        self._cause = re.compile(rb"[ \t]*(?:Caused by|Suppressed): ")
         self._jul = re.compile(rb"[A-Z][a-z]{2} \d\d?, \d{4} \d\d?:\d\d:\d\d [AP]M \S")
         self._jul_level = re.compile(rb"(?:SEVERE|WARNING): ")  # as scan() finds them
         self._record = record_header()
@@ -3252,8 +3307,8 @@ class JavaRule:
     def follows(self, state: int, line: bytes):
         if state == self.JUL:
             return (LAST, state) if self._jul_level.match(line) else None
-        if self._frame.match(line):
-            return CONTINUE, self.TRACE
+        if self._frame.match(line):  # a cause's message may have later lines too
+            return CONTINUE, self.HEAD if self._cause.match(line) else self.TRACE
         if state == self.TRACE or state >= self.MESSAGE + MESSAGE_LINES - 1 \
                 or not _message_line(line, self._record) or self._head.match(line):
             return None
@@ -3267,9 +3322,12 @@ class GoRule:
     http: panic serving ..."), begins an event; lines starting with a tab, "[signal ",
     "runtime: ", "fatal error: ", "goroutine N [...]:" and "runtime stack:"
     continue it, and in a goroutine's stack its function lines ("main.main()",
-    "created by ..."); blank lines continue it when such a line follows them."""
+    "created by ..."); blank lines continue it when such a line follows them,
+    and so do a panic value's later lines (not record lines) when the stack
+    follows them.  A goroutine's stack alone ("goroutine N [running]:",
+    runtime/debug.PrintStack()) begins an event too."""
 
-    PANIC, STACK = range(2)
+    PANIC, STACK, MESSAGE = range(3)  # MESSAGE + n: n + 1 later lines of the panic value
     # net/http's record's own line may hold "panic" anywhere: the line after it starts so
     line_starts = (rb"panic: ", rb"fatal error: ", rb"runtime: ", rb"\t", rb"\[signal ",
                    rb"goroutine ")
@@ -3283,23 +3341,29 @@ class GoRule:
         self._block = re.compile(rb"goroutine \d+ .*\]:\r?$|runtime stack:\r?$")
         self._function = re.compile(
             rb"[^\s(]+\(.*\)\r?$|created by |\.\.\.additional frames elided")
+        self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        return _first_found(chunk, pos, (b"panic", b"fatal error: ", self._overflow))
+        return _first_found(chunk, pos, (b"panic", b"fatal error: ", self._overflow,
+                                         b"goroutine "))
 
     def begins(self, line: bytes):
-        return self.PANIC if self._begin.match(line) else None
+        if self._begin.match(line):
+            return self.PANIC
+        return self.STACK if self._block.match(line) else None
 
     def follows(self, state: int, line: bytes):
         if _blank(line):
             return TENTATIVE, state
         if self._more.match(line):
-            return CONTINUE, state
+            return CONTINUE, self.PANIC if state >= self.MESSAGE else state
         if self._block.match(line):
             return CONTINUE, self.STACK
-        if state == self.STACK and self._function.match(line):
-            return CONTINUE, state
-        return None
+        if state == self.STACK:
+            return (CONTINUE, state) if self._function.match(line) else None
+        if state >= self.MESSAGE + MESSAGE_LINES - 1 or self._record.match(line):
+            return None
+        return TENTATIVE, self.MESSAGE if state == self.PANIC else state + 1
 
 
 class RubyRule:
@@ -3310,12 +3374,16 @@ class RubyRule:
     such line follows); lines starting with a tab and "from FILE:LINE:" or
     "... N levels..." continue it, and so does a cause's own first line.
     Logger's record of an exception at ERROR or FATAL ('E, [TIME #PID] ERROR
-    -- PROG: message (Class)') begins an event that its backtrace's lines
-    ('FILE:LINE:in `METHOD'') continue, and the message's later lines before
-    them."""
+    -- PROG: message (Class)', or any record line ending so: another
+    formatter's) begins an event that its backtrace's lines ('FILE:LINE:in
+    `METHOD'') continue, and the message's later lines before them; an
+    uncaught exception's first line after a record line that does not end
+    with its class begins an event of its own.  A thread's report
+    ('#<Thread:...> terminated with exception ...:') begins the event of the
+    exception's report after it."""
 
     MESSAGE, FRAMES, LOGGED, BACKTRACE = range(4)
-    line_starts = (rb"\t", rb"[EF], \[")
+    line_starts = (rb"\t", rb"[EF], \[")  # a thread's report: the report's line follows
     line_end = rb"\)\r?\n"  # an uncaught exception's first line ends with its class
     scans_one_stream = True  # a Logger record may begin what the next chunk continues
 
@@ -3325,15 +3393,24 @@ class RubyRule:
         self._from = re.compile(rb"\t+(?:from \S.*?:\d+:in | ?\.\.\. \d+ levels\.\.\.)")
         self._logged = re.compile(rb"[EF], \[[^\]]*\] +[A-Z]+ -- [^:]*: ")
         self._backtrace = re.compile(rb"[^\s:][^:]*:\d+:in [`']")
+        self._thread = re.compile(rb"#<Thread:[^>]*> terminated with exception ")
+        self._class = re.compile(rb" \([A-Z][\w:]*\)\r?$")  # a record of another layout
         self._record = record_header()
 
     def scan(self, chunk: bytes, pos: int) -> int:
-        return _first_found(chunk, pos, (b":in ", b"] ERROR -- ", b"] FATAL -- "))
+        found = _first_found(chunk, pos, (b":in ", b"] ERROR -- ", b"] FATAL -- ", b"#<Thread:"))
+        if found < 0:  # a record whose backtrace the next chunk may hold
+            found = _line_start(chunk, len(chunk) - 1, pos)
+            return found if self.begins(chunk[found:len(chunk) - 1]) is not None else -1
+        above = _line_start(chunk, found - 1, pos) if found > pos else found
+        return above if self.begins(chunk[above:found - 1]) == self.LOGGED else found
 
     def begins(self, line: bytes):
-        if self._begin.match(line):
+        if self._begin.match(line) or self._thread.match(line):
             return self.MESSAGE
-        return self.LOGGED if self._logged.match(line) else None
+        if self._logged.match(line) or (self._record.match(line) and self._class.search(line)):
+            return self.LOGGED
+        return None
 
     def follows(self, state: int, line: bytes):
         if state >= self.LOGGED:
@@ -3346,6 +3423,8 @@ class RubyRule:
 
     def _after_record(self, state: int, line: bytes):
         """follows() after a Logger record."""
+        if self._begin.match(line):  # an uncaught exception's report: its own event
+            return None
         if self._backtrace.match(line):
             return CONTINUE, self.BACKTRACE
         if state == self.LOGGED and _message_line(line, self._record):
@@ -3423,10 +3502,11 @@ class PhpRule:
 class NodeRule:
     """Node.js's report of an error: uncaught (or a rejection), 'FILE:LINE'
     then the source line, a caret line, a blank line, what was thrown and
-    its stack, a blank line and "Node.js vN"; or the error alone
-    (console.error(err)): a line "Error: message" (any NameError,
-    NameException, with " [CODE]") begins an event if lines starting with
-    spaces and "at " follow (after the message's later lines).  The stack's
+    its stack (blank lines in it too: assert's diff), a blank line and
+    "Node.js vN"; or the error alone (console.error(err)): a line "Error:
+    message" (any NameError, NameException, with " [CODE]"; console.trace()'s
+    "Trace: message") begins an event if lines starting with spaces and "at "
+    follow (after the message's later lines, blank ones too).  The stack's
     indented lines, "}" and "]" lines (a cause, the error's own properties)
     continue it."""
 
@@ -3438,7 +3518,8 @@ class NodeRule:
     def __init__(self):
         """Compiles its expressions here: the plain mode never needs them."""
         self._where = re.compile(rb"(?:/|file:|node:|[A-Za-z]:\\)\S*:\d+\r?$")
-        self._head = re.compile(rb"(?:[A-Z][\w$]*)?(?:Error|Exception)(?: \[\w+\])?(?:: .*)?\r?$")
+        self._head = re.compile(rb"(?:(?:[A-Z][\w$]*)?(?:Error|Exception)(?: \[\w+\])?|Trace)"
+                                rb"(?:: .*)?\r?$")  # Trace: console.trace()'s
         self._frame = re.compile(rb" +(?:at |\.\.\. \d+ lines? matching )")
         self._record = record_header()
 
@@ -3455,7 +3536,7 @@ class NodeRule:
         """Where an event may begin among chunk's last lines that the next
         chunk's stack may continue (an error's, or an uncaught error's first
         lines), or -1."""
-        found = [_head_above(chunk, pos, len(chunk), self._head, self._record),
+        found = [_head_above(chunk, pos, len(chunk), self._head, self._record, blanks=True),
                  self._where_above(chunk, pos, len(chunk), MESSAGE_LINES + 5)]
         return min((at for at in found if at >= 0), default=-1)
 
@@ -3463,7 +3544,7 @@ class NodeRule:
         """Where the event with the frame line that starts at `line` may
         begin: an uncaught error's 'FILE:LINE' above its error line, else the
         error line, else the frame line."""
-        head = _head_above(chunk, pos, line, self._head, self._record)
+        head = _head_above(chunk, pos, line, self._head, self._record, blanks=True)
         if head < 0:
             return line
         where = self._where_above(chunk, pos, head, 5)
@@ -3495,8 +3576,8 @@ class NodeRule:
             return None if self._record.match(line) else (TENTATIVE, self.CARET)
         if state == self.CARET:
             return (CONTINUE, self.THROW) if line and not line.strip(b" ^\r") else None
-        if state == self.AFTER:
-            return (LAST, state) if line.startswith(b"Node.js v") else None
+        if state == self.AFTER and line.startswith(b"Node.js v"):
+            return LAST, state
         return self._thrown(state, line)
 
     def _thrown(self, state: int, line: bytes):
@@ -3512,7 +3593,7 @@ class NodeRule:
         if self._frame.match(line) or (state == self.STACK and line[:1] in (b" ", b"}", b"]")):
             return CONTINUE, self.STACK
         if state == self.STACK or state >= self.MESSAGE + MESSAGE_LINES - 1 \
-                or not _message_line(line, self._record):
+                or self._record.match(line):  # a blank line too: assert's diff has one
             return None
         return TENTATIVE, self.MESSAGE if state == self.HEAD else state + 1
 
@@ -3563,8 +3644,9 @@ class Presets:
             ended = self._ends.search(chunk, at)
             if ended is None:
                 return False
-            at = ended.end()
-            if chunk.find(b":in ", _line_start(chunk, ended.start(), pos), ended.start()) >= 0:
+            at = ended.end()  # ":in " on it, or on the next line (a record's backtrace)
+            if chunk.find(b":in ", _line_start(chunk, ended.start(), pos),
+                          chunk.find(b"\n", at)) >= 0:
                 return True
         return False
 

@@ -233,12 +233,25 @@ def test_an_endless_trace_is_cut_at_max_lines_and_nothing_is_lost(receiver):
     assert "(2 cut at a cap)" in proc.stderr.decode()
 
 
+def java_overflow(frames: int) -> list:
+    """A StackOverflowError's lines: its line and frames."""
+    return [b'Exception in thread "main" java.lang.StackOverflowError'] + [
+        b"\tat Deep.recurse(Deep.java:%d)" % (n % 7 + 3) for n in range(frames)]
+
+
+def test_a_java_stack_overflow_at_the_default_depth_is_one_event(receiver):
+    """The JVM prints 1,024 frames of a StackOverflowError: 1,025 lines, within
+    the default --multiline-max-lines (issue 35, outside35 12)."""
+    trace = java_overflow(1024)
+    ship(receiver, b"\n".join(trace) + b"\n2026-11-27 10:00:00 INFO next\n", "--multiline", "java")
+    assert receiver.messages() == [b"\n".join(trace).decode(), "2026-11-27 10:00:00 INFO next"]
+
+
 def test_a_java_trace_past_the_default_cap_is_given_back_by_concatenating(receiver):
-    """A StackOverflowError's 1,025 lines at the defaults: the pieces,
-    concatenated in order, are the trace byte for byte ("@continues" means the
-    next message goes on, for a cut event as for a cut line)."""
-    trace = [b'Exception in thread "main" java.lang.StackOverflowError'] + [
-        b"\tat Deep.recurse(Deep.java:%d)" % (n % 7 + 3) for n in range(1024)]
+    """A trace of 2,501 lines at the defaults: the pieces, concatenated in
+    order, are the trace byte for byte ("@continues" means the next message
+    goes on, for a cut event as for a cut line)."""
+    trace = java_overflow(2500)
     ship(receiver, b"\n".join(trace) + b"\n2026-11-27 10:00:00 INFO next\n", "--multiline", "java")
     events = receiver.events()
     assert [e.get("@continues", False) for e in events] == [True, True, False, False]
@@ -268,13 +281,14 @@ def test_max_line_bytes_applies_to_the_joined_event(receiver):
 
 
 def test_continuation_lines_with_no_start(receiver):
-    """Frames with no head: Java's make an event of their own; Python's
-    indented lines without a "Traceback" line stay lines."""
+    """Frames with no head: Java's make an event of their own, and so do
+    Python's '  File' lines without a "Traceback" line (traceback.print_stack()
+    prints them so)."""
     data = (b"\tat a.B.c(B.java:1)\n\tat a.B.d(B.java:2)\nplain\n"
             b'  File "x.py", line 2, in f\n    f()\nplain\n')
     ship(receiver, data, "--multiline", "java,python")
     assert receiver.messages() == ["\tat a.B.c(B.java:1)\n\tat a.B.d(B.java:2)", "plain",
-                                   '  File "x.py", line 2, in f', "    f()", "plain"]
+                                   '  File "x.py", line 2, in f\n    f()', "plain"]
 
 
 def test_a_trace_at_eof_without_a_newline_is_one_event(receiver):

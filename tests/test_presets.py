@@ -63,6 +63,45 @@ except OSError:
     logging.exception("default format")
 print(MARK, file=sys.stderr, flush=True)
 """, [[1, 0], [0], [1, 0], [1, 0]]),
+    # the runtime's own lines before and instead of a traceback (issue 35, outside35 1-6)
+    "hooks.py": ("""\
+import asyncio, faulthandler, gc, logging, sys, threading, traceback
+logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+MARK = {mark!r}
+def mark(): print(MARK, file=sys.stderr, flush=True)
+def work(): return {{}}["missing"]
+worker = threading.Thread(target=work, name="worker-1")
+worker.start()
+worker.join()
+mark()
+class Conn:
+    def __del__(self): raise OSError("close failed: fd 7")
+Conn()
+mark()
+async def boom(): raise ConnectionResetError("peer went away")
+async def main():
+    task = asyncio.get_running_loop().create_task(boom())
+    await asyncio.sleep(0.01)
+    del task
+    gc.collect()
+asyncio.run(main())
+mark()
+logging.getLogger("svc").warning("slow request", stack_info=True)
+mark()
+try:
+    int("12x")
+except ValueError:
+    logging.getLogger("svc").error("parse failed", exc_info=True, stack_info=True)
+print("an unstamped line after the stack", file=sys.stderr, flush=True)
+mark()
+def inner(): traceback.print_stack()
+inner()
+mark()
+faulthandler.dump_traceback()
+mark()
+""", [[0], [0], [2, 0], [1, 0], [1, 0, 1], [0], [0]]),
+    "segfault.py": ("import ctypes, faulthandler\nfaulthandler.enable()\n"
+                    "def native(): ctypes.string_at(0)\nnative()\n", [[0]]),
     "chained.py": ("""\
 def inner():
     raise KeyError("missing")
@@ -79,6 +118,7 @@ import java.util.logging.Logger;
 import java.util.regex.Pattern;
 
 public class Shapes {
+    static class Declined extends Exception { Declined(String m) { super(m); } }
     static void mark() { System.err.println("MARK"); }
     public static void main(String[] args) throws Exception {
         Logger jul = Logger.getLogger("Shapes");
@@ -102,6 +142,11 @@ public class Shapes {
             System.err.println(e);  // frames indented with spaces, as some formatters print them
             for (StackTraceElement f : e.getStackTrace()) System.err.println("     at " + f);
         }
+        mark();
+        new Declined("card rejected").printStackTrace();  // a class in the default package
+        mark();
+        Exception cause = new Exception("connection refused\\nhost=db-1 port=5432");
+        new RuntimeException("order 42 not saved", cause).printStackTrace();
         mark();
         throw new IllegalStateException("uncaught\\nsecond line of the message");
     }
@@ -145,6 +190,22 @@ func main() {{
 \tfmt.Fprintln(os.Stderr, "{MARK}")
 }}
 """, [[1], [0]]),
+    # a panic value of several lines; a stack printed without a panic
+    "stacks.go": (f"""\
+package main
+
+import (
+\t"fmt"
+\t"os"
+\t"runtime/debug"
+)
+
+func main() {{
+\tdebug.PrintStack()
+\tfmt.Fprintln(os.Stderr, "{MARK}")
+\tpanic("startup failed:\\n  port in use")
+}}
+""", [[0], [0]]),
     "overflow.go": ("""\
 package main
 
@@ -174,6 +235,34 @@ end
 $stderr.puts "{MARK}"
 log.info("an ordinary logger line")
 """, [[0], [0], [1]]),
+    # a Logger record not ending in (Class) before a report; a thread's report; a
+    # Logger with its own formatter
+    "reports.rb": (f"""\
+require "logger"
+$stderr.sync = true
+log = Logger.new($stderr)
+def find(id) = raise(KeyError, "user #{{id}} not found")
+begin
+  find(7)
+rescue => e
+  log.error "lookup failed"
+  $stderr.puts e.full_message(highlight: false)
+end
+$stderr.puts "{MARK}"
+Thread.new {{ raise IOError, "socket closed" }}.join rescue nil
+$stderr.puts "{MARK}"
+log.formatter = proc do |sev, time, _, msg|
+  trace = msg.is_a?(Exception) ? "\\n" + msg.backtrace.join("\\n") : ""
+  body = msg.is_a?(Exception) ? "#{{msg.message}} (#{{msg.class}})#{{trace}}" : msg
+  "#{{time.utc.strftime("%Y-%m-%dT%H:%M:%S.%3NZ")}} [#{{sev}}] #{{body}}\\n"
+end
+begin
+  find(8)
+rescue => e
+  log.error(e)
+end
+$stderr.puts "{MARK}"
+""", [[1, 0], [0], [0]]),
     "overflow.rb": ("def deep(n) = deep(n + 1)\ndeep(0)\n", [[0]]),
     "highlight.rb": ("def a = b\ndef b = x.upcase\ndef x = nil\na\n", [[0]]),
     "mean.rb": ("def foo_bar; end\nfoo_baz\n", [[0]]),
@@ -191,6 +280,11 @@ console.error(e);
 console.error("{MARK}");
 console.error("an ordinary line");
 """, [[0], [0], [1]]),
+    "traced.js": ("function handler() { console.trace('slow path'); }\nhandler();\n", [[0]]),
+    "assert_caught.js": ("try { require('assert').deepStrictEqual([1, 2], [1, 3]); }\n"
+                         "catch (e) { console.error(e); }\n", [[0]]),
+    "assert.js": ("require('assert').deepStrictEqual({ a: 1, b: [1, 2] }, { a: 1, b: [1, 3] });\n",
+                  [[0]]),
     "uncaught.js": ("function f() { null.x; }\nf();\n", [[0]]),
     "rejected.js": ("async function g() { throw new RangeError('async\\nboom'); }\ng();\n",
                     [[0]]),
@@ -274,7 +368,7 @@ def java_corpus(tmp: Path) -> list:
                         "Shapes.java"], tmp)
     # JUL's record (two lines), its trace, JUL's blank line; printStackTrace;
     # logback's info and error records, the trace; log4j2's; spaces; uncaught.
-    return regions(output, [[2, 0, 1], [0], [1, 1, 0], [1, 1, 0], [0], [0]])
+    return regions(output, [[2, 0, 1], [0], [1, 1, 0], [1, 1, 0], [0], [0], [0], [0]])
 
 
 def go_corpus(tmp: Path) -> list:
@@ -521,6 +615,16 @@ def test_each_trace_alone_among_ordinary_lines_is_one_event(corpus):
             joiner = zmqpush.Joiner(rule, 500, 1 << 20, zmqpush.Counters())
             items = [item for read in reads for item in joiner.feed(read)] + joiner.flush()
             assert messages_of(items) == ordinary + expected, region
+
+
+def test_every_trace_is_one_event_in_a_read_of_its_own(corpus):
+    """The Joiner fed each shape alone, one read: what triggers the presets'
+    shared scan is in the shape itself, not in the other shapes' lines."""
+    rule = zmqpush.joining_rule(zmqpush.Multiline(tuple(ALL.split(",")), None, False, True,
+                                                  500, 1 << 20, 0.2))
+    for region, spec in every_runtime(corpus):
+        joiner = zmqpush.Joiner(rule, 500, 1 << 20, zmqpush.Counters())
+        assert messages_of(joiner.feed(region) + joiner.flush()) == events_of(region, spec)
 
 
 def messages_of(items: list) -> list:
