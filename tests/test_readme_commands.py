@@ -220,7 +220,7 @@ def installs_the_bench_extra(command, tmp_path, receiver):
 
 COMMANDS = {
     "python3 -m venv /opt/zmqpush && /opt/zmqpush/bin/pip install . && ln -s "
-    "/opt/zmqpush/bin/zmqpush.py /usr/local/bin/":
+    "/opt/zmqpush/bin/zmqpush.py /opt/zmqpush/bin/zmqpush-watermark.py /usr/local/bin/":
         "test_production_install_as_written",
     "printf 'hello\\n{\"level\":\"info\",\"msg\":\"done\"}\\n' | zmqpush.py app --json --stdout":
         prints_events,
