@@ -41,7 +41,7 @@ RATE = 20  # lines a second
 def instructions(argv: list, lines: int, feed_seconds: float) -> int:
     """Instructions the shipper ran, all threads, fed `lines` lines (over at
     most feed_seconds, waited out in full either way)."""
-    counter = Counter(max(lines, 1), idle=60)
+    counter = Counter(max(lines, 1), idle=START_UP + feed_seconds + 120)  # slow under valgrind
     argv = [counter.endpoint if a == "ENDPOINT" else a for a in argv]
     rnd = random.Random(5)
     with tempfile.TemporaryDirectory() as out:
@@ -83,7 +83,7 @@ def main() -> int:
         return 2
     lines = max(1, args.lines)
     shippers = {f"zmqpush {path}" if args.zmqpush else "zmqpush":
-                [args.python, path, "-q", "-c", "ENDPOINT"]
+                [args.python, path, "-q", "--linger", "60", "-c", "ENDPOINT"]
                 for path in (args.zmqpush or [str(HERE.parent / "zmqpush.py")])}
     shippers.update({
         "skeleton": [args.python, str(HERE / "skeleton.py"), "ENDPOINT"],

@@ -46,10 +46,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from corpus import write_corpus  # noqa: E402
 from cref import Counter  # noqa: E402
-from paced import RATES  # noqa: E402
+from paced import LOADS  # noqa: E402
 from paced import measure as paced_measure  # noqa: E402
 
 TIME = "/usr/bin/time"
+RATES = sorted({rate for rate, per_write in LOADS if per_write == 1})  # paced.py's
 OFF = "spool off"
 # Row name -> zmqpush options (SPOOL stands for the run's spool directory).
 ROWS = {
@@ -159,7 +160,7 @@ class Runner:
         """--rate lines/s, one write per line (bench/paced.py's measure)."""
         spool = self.spool_dir(options)
         try:
-            return paced_measure(self.argv(options, spool, "ENDPOINT"), self.args.rate,
+            return paced_measure(self.argv(options, spool, "ENDPOINT"), self.args.rate, 1,
                                  self.args.paced_seconds)
         finally:
             if spool:

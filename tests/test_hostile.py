@@ -349,7 +349,7 @@ def test_closed_stdout_or_stderr_never_aborts(receiver, fd, extra):
 
 def test_a_directory_as_stdin_is_refused_before_anything_is_sent(receiver, tmp_path):
     """CPython refuses to start with a directory as stdin, before the script's
-    first line (README "Exit codes"): zmqpush cannot catch it, but nothing is
+    first line (README "Exit codes and signals"): zmqpush cannot catch it, but nothing is
     sent and the exit code says it failed."""
     directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:

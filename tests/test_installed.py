@@ -92,7 +92,7 @@ def test_the_watermark_tool_runs_with_docstrings_stripped():
 
 
 @pytest.mark.parametrize(("redirect", "code", "said"), [
-    (">&-", 0, []),  # stdout closed at start is opened on /dev/null (README "Exit codes")
+    (">&-", 0, []),  # closed stdout: opened on /dev/null (README "Exit codes and signals")
     (">/dev/full", 1, ["zmqpush: cannot write to stdout: No space left on device"])])
 def test_make_cert_whose_stdout_cannot_be_written_never_gives_a_traceback(
         tmp_path, redirect, code, said):
