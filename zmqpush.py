@@ -246,8 +246,8 @@ MIN_MAX_LINE_BYTES = 4  # one UTF-8 character: a cut never falls inside one
 HEARTBEAT_RANGE = (1, 3600)
 
 HELP_EPILOG = """\
-examples (tail -n0: no repeat of the file's last 10 lines at each start):
-  tail -n0 -F /var/log/app.log | zmqpush.py app
+examples:
+  tail -n0 -F /var/log/app.log | zmqpush.py app  # -n0: no old lines again
   seq 1 100 | zmqpush.py -c tcp://logstash.example:2120 --batch test
 
 rsyslog (RainerScript):
@@ -922,8 +922,8 @@ to a Logstash zeromq input (or with --stdout, to stdout). Diagnostics
 go to stderr; stdout is used only by --confirm and --stdout."""
 
 BRIEF_EPILOG = """\
-examples (tail -n0: no repeat of the file's last 10 lines at each start):
-  tail -n0 -F /var/log/app.log | zmqpush.py app
+examples:
+  tail -n0 -F /var/log/app.log | zmqpush.py app  # -n0: no old lines again
   seq 1 100 | zmqpush.py -c tcp://logstash.example:2120 test
 
 Every option, its ZMQPUSH_* environment variable, rsyslog's configuration
