@@ -81,6 +81,9 @@ def main() -> int:
                    help="be a CURVE server with this key pair (admits any client key)")
     args = p.parse_args()
 
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     sock = zmq.Context.instance().socket(zmq.PULL)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)  # queue without bound: parsing never slows the sender
@@ -91,9 +94,6 @@ def main() -> int:
         sock.connect(args.connect)
     else:
         sock.bind(args.bind)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     received = invalid = 0
     started = last = None
     out = sys.stdout
