@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
         config = zmqpush.config_from_args(parser, args)
     except zmqpush.UsageError as exc:
-        zmqpush.warn(f"{exc} (see --help)")
+        zmqpush.warn(f"{exc} (see {zmqpush.help_for(str(exc))})")
         return zmqpush.EXIT_USAGE
     if 1 in closed:
         zmqpush.warn("cannot write to stdout: it was closed at start")

@@ -249,20 +249,22 @@ HEARTBEAT_RANGE = (1, 3600)
 
 HELP_EPILOG = """\
 examples:
-  tail -F /var/log/app.log | zmqpush.py app
+  tail -n0 -F /var/log/app.log | zmqpush.py app  # -n0: no old lines again
   seq 1 100 | zmqpush.py -c tcp://logstash.example:2120 --batch test
 
 rsyslog (RainerScript):
   module(load="omprog")
   action(type="omprog" binary="/usr/local/bin/zmqpush.py syslog -c tcp://127.0.0.1:2120"
-         template="RSYSLOG_SyslogProtocol23Format")
+         template="RSYSLOG_SyslogProtocol23Format" forceSingleInstance="on")
 rsyslog (legacy, no arguments: set ZMQPUSH_CONNECT in rsyslog's environment):
   $ModLoad omprog
   $ActionOMProgBinary /usr/local/bin/zmqpush.py
   *.* :omprog:;RSYSLOG_SyslogProtocol23Format
 
-Every option can also be set by an environment variable ZMQPUSH_<OPTION>
-(e.g. ZMQPUSH_CONNECT, ZMQPUSH_LINGER, ZMQPUSH_WHEN_FULL); the command line wins.
+Every option except the four actions (--help, --help-all, --version,
+--make-cert) can also be set by an environment variable ZMQPUSH_<OPTION>, and
+LOGTYPE by ZMQPUSH_LOGTYPE (e.g. ZMQPUSH_CONNECT, ZMQPUSH_WHEN_FULL; a switch
+takes 1 or 0, a repeatable option a comma-separated list); the command line wins.
 
 exit codes:
   0    every line read was handed to ZeroMQ and delivered within --linger
@@ -675,6 +677,16 @@ STDOUT_CONFLICTS = (*((spec, "--stdout opens no socket") for spec in SOCKET_OPTI
                     ("--confirm", "its stdout carries rsyslog's replies"),
                     ("--spool", "nothing to keep lines for: stdout takes them or ends the run"))
 
+def replayable_array_bytes(replay_bytes: int) -> int:
+    """--batch: the largest array message such that a replay window of
+    replay_bytes covers a stock receiver's RCVHWM of them plus the kernels'
+    buffers and our ZeroMQ queue (no cap when replay is off; 4 KiB at least)."""
+    if not replay_bytes:
+        return 1 << 62
+    room = replay_bytes - RECEIVER_KERNEL_BYTES - REPLAY_SNDBUF - REPLAY_BATCH_ZMQ_BYTES
+    return max(4096, room // STOCK_RCVHWM)
+
+
 # The options, grouped by concern as --help-all shows them (README "Usage").
 OPTION_GROUPS = (
     ("connection", (
@@ -737,9 +749,11 @@ OPTION_GROUPS = (
                help="send the lines of each read as JSON arrays, one per message"),
         Option(("--batch-bytes",), parse=_integer(1, MAX_BATCH_BYTES), metavar="N",
                default=DEFAULT_READ_BYTES,
-               help=f"read size (default {DEFAULT_READ_BYTES}, at most "
-               f"{MAX_BATCH_BYTES}); arrays are at most N bytes, and with the replay "
-               "window on at most what it covers (8 KiB by default)"),
+               help=f"--batch: bytes read at a time (default {DEFAULT_READ_BYTES}, at "
+               f"most {MAX_BATCH_BYTES}); an array is at most N bytes and, while the "
+               "replay window is on, small enough that the window can resend the "
+               f"1000 a receiver may hold ({replayable_array_bytes(DEFAULT_REPLAY_BYTES)}"
+               " bytes at the default --replay-bytes)"),
         Option(("--coalesce",), parse=_seconds(0, MAX_COALESCE), metavar="SECONDS",
                default=DEFAULT_COALESCE,
                help="while lines keep coming, read at most once per SECONDS, taking "
@@ -911,8 +925,8 @@ go to stderr; stdout is used only by --confirm and --stdout."""
 
 BRIEF_EPILOG = """\
 examples:
-  tail -F /var/log/app.log | zmqpush.py app
-  seq 1 100 | zmqpush.py -c tcp://logstash.example:2120 --batch test
+  tail -n0 -F /var/log/app.log | zmqpush.py app  # -n0: no old lines again
+  seq 1 100 | zmqpush.py -c tcp://logstash.example:2120 test
 
 Every option, its ZMQPUSH_* environment variable, rsyslog's configuration
 and the exit codes: {prog} --help-all (README "Usage")."""
@@ -1151,6 +1165,15 @@ def check_endpoint(endpoint: str, connecting: bool = False) -> str:
     return endpoint
 
 
+def help_for(message: str) -> str:
+    """Which help describes what a usage error message names: "--help-all"
+    when it names an option (or its ZMQPUSH_* twin) that only --help-all
+    lists, else "--help"."""
+    named = set(re.findall(r"--[a-z][a-z0-9-]*|ZMQPUSH_[A-Z0-9_]+", message))
+    rare = {name for o in OPTIONS if not o.common for name in (*o.flags, o.twin)}
+    return "--help-all" if named & rare else "--help"
+
+
 def parse_options(argv=None, environ=None) -> Config:
     """Parse argv (default sys.argv[1:]) and environ into a Config; UsageError if bad."""
     parser = build_parser()
@@ -1368,16 +1391,6 @@ def fit_memory(opt: dict, queue_bytes: int, replay_bytes: int, *, zmq_bytes: int
              f"{' and '.join(lowered)}, lowered from the defaults "
              '(README "Flow control and memory")')
     return fitted["queue_bytes"], fitted["replay_bytes"]
-
-
-def replayable_array_bytes(replay_bytes: int) -> int:
-    """--batch: the largest array message such that a replay window of
-    replay_bytes covers a stock receiver's RCVHWM of them plus the kernels'
-    buffers and our ZeroMQ queue (no cap when replay is off; 4 KiB at least)."""
-    if not replay_bytes:
-        return 1 << 62
-    room = replay_bytes - RECEIVER_KERNEL_BYTES - REPLAY_SNDBUF - REPLAY_BATCH_ZMQ_BYTES
-    return max(4096, room // STOCK_RCVHWM)
 
 
 # --------------------------------------------------------------- security --
@@ -9509,10 +9522,7 @@ class Shipper:
                            "the source caps" if counters.events_pushed_out else "") + ")")
         if spool is not None:
             closing += self._spool_closing(left)
-        if counters.json_failures or counters.json_fixed:
-            closing += (f". Sent {counters.json_failures} lines that were not JSON objects "
-                        f"as text and fixed fields of {counters.json_fixed} events "
-                        f"(marked {JSON_ERROR_KEY})")
+        closing += json_closing(counters.json_failures, counters.json_fixed)
         write_stderr(closing + "\n")
         return code
 
@@ -9651,6 +9661,21 @@ def map_large_blocks(config: Config) -> bool:
         return False
 
 
+def json_closing(failures: int, fixed: int) -> str:
+    """The closing line's --json/--journal part: how many lines were not JSON
+    objects (sent as text) and how many events had a field moved or noted,
+    each left out when 0; "" when both are."""
+    parts = []
+    if failures:
+        parts.append(f"{failures} line was not a JSON object and went as text"
+                     if failures == 1 else
+                     f"{failures} lines were not JSON objects and went as text")
+    if fixed:
+        parts.append(f"{fixed} {'event' if fixed == 1 else 'events'} had a field "
+                     "moved or noted")
+    return f". {'; '.join(parts)} ({JSON_ERROR_KEY} says why)" if parts else ""
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop if uvloop is installed, else asyncio's default."""
     try:
@@ -9666,7 +9691,7 @@ def main(argv=None) -> int:
     try:
         config = parse_options(argv)
     except UsageError as exc:
-        warn(f"{exc} (see --help)")
+        warn(f"{exc} (see {help_for(str(exc))})")
         return EXIT_USAGE
     except ImportError as exc:  # certificates are read with pyzmq: a broken install
         warn(f"failed: {exc}")

@@ -6,7 +6,7 @@ Logstash json codec does (an array is one event per element), prints each
 event's "message" (with --raw every frame as it came: whole events, a --batch
 array as one line; nothing with --quiet), and at the end prints one line:
 "received N events (M invalid) in S s".  Ends after --count events, after
---idle seconds without any, or on SIGINT/SIGTERM.
+--idle seconds without any, or on SIGINT/SIGTERM (within POLL_MS, traffic or not).
 """
 import argparse
 import json
@@ -16,6 +16,9 @@ import time
 
 import zmq
 import zmq.auth
+
+DEFAULT_BIND = "tcp://127.0.0.1:2120"  # zmqpush's default endpoint
+POLL_MS = 200  # how often the loop looks at signals and --idle when nothing comes
 
 
 def events_of(frame: bytes):
@@ -66,7 +69,8 @@ def drain(sock, most: int = 10_000, most_bytes: int = 4 << 20):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bind", default="tcp://127.0.0.1:2120", help="endpoint to bind")
+    p.add_argument("--bind", default=DEFAULT_BIND,
+                   help=f"endpoint to bind (default {DEFAULT_BIND}, zmqpush's default)")
     p.add_argument("--connect", help="connect to this endpoint instead of binding")
     p.add_argument("--count", type=int, default=0, help="stop after N events")
     p.add_argument("--idle", type=float, default=0, help="stop after S seconds with none")
@@ -77,6 +81,9 @@ def main() -> int:
                    help="be a CURVE server with this key pair (admits any client key)")
     args = p.parse_args()
 
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     sock = zmq.Context.instance().socket(zmq.PULL)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)  # queue without bound: parsing never slows the sender
@@ -87,18 +94,16 @@ def main() -> int:
         sock.connect(args.connect)
     else:
         sock.bind(args.bind)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     received = invalid = 0
-    started = None
+    started = last = None
     out = sys.stdout
     while not stopping and not (args.count and received >= args.count):
-        if not sock.poll(int(args.idle * 1000) if args.idle else 200):
-            if args.idle and started is not None:
+        if not sock.poll(POLL_MS):
+            if args.idle and last is not None and time.monotonic() - last >= args.idle:
                 break
             continue
-        started = started or time.monotonic()
+        last = time.monotonic()
+        started = started or last
         frames = drain(sock)
         events, bad = events_of_frames(frames)
         received += len(events)

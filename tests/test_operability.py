@@ -10,6 +10,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
+import pytest
+
 from conftest import (
     SINK,
     Receiver,
@@ -379,3 +381,38 @@ def test_sink_raw_prints_every_frame_as_it_came():
     assert [(e["message"], e["type"], e["env"]) for e in array] == [
         ("one", "app", "prod"), ("two\tx", "app", "prod"), ("three", "app", "prod")]
     assert summary.startswith("received 3 events (0 invalid)")
+
+
+def wait_until_listening(port: int, most: float = 10.0):
+    """Return once something accepts TCP connections on 127.0.0.1:port (bounded)."""
+    deadline = time.monotonic() + most
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on {port}"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum, extra", [(signal.SIGTERM, ["--idle", "60"]),
+                                           (signal.SIGINT, [])])
+def test_sink_stops_promptly_on_a_signal_with_no_traffic(signum, extra):
+    """bench/sink.py idle (never sent anything) ends within seconds of SIGTERM or
+    SIGINT with its summary, even with an --idle longer than that."""
+    port = free_port()
+    sink = subprocess.Popen([sys.executable, SINK, "--bind", f"tcp://127.0.0.1:{port}", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until_listening(port)
+        os.kill(sink.pid, signum)
+        out, err = sink.communicate(timeout=5)
+    finally:
+        stop_process(sink)
+    assert sink.returncode == 0, err
+    assert out.decode().startswith("received 0 events (0 invalid)"), out
+
+
+def test_sink_help_states_its_default_endpoint():
+    proc = subprocess.run([sys.executable, SINK, "--help"], capture_output=True, timeout=30)
+    assert proc.returncode == 0 and "tcp://127.0.0.1:2120" in proc.stdout.decode()

@@ -49,6 +49,46 @@ def test_help_fits_a_screen_and_says_where_the_rest_is():
     assert "--help-all" in text.split("\n\n")[-1]
 
 
+def test_help_examples_use_only_listed_options_and_tail_without_a_repeat():
+    text = helped("--help")
+    examples = text.split("\nexamples")[1].split("\n\n")[0]
+    assert set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", examples)) - {"-n0", "-F"} \
+        <= listed_options(text)
+    assert "tail -n0 -F" in examples and "tail -F" not in examples
+
+
+def test_help_all_names_the_options_without_environment_twin_and_rsyslogs_must():
+    text = helped("--help-all")
+    sentence = " ".join(text.split("Every option except")[1].split(")")[0].split())
+    no_twin = {name for action in zmqpush.build_parser()._actions for name in action.option_strings
+               if name.startswith("--") and zmqpush.option_dest(name).upper()
+               not in {o.dest.upper() for o in zmqpush.OPTIONS if o.twin}}
+    assert set(re.findall(r"--[a-z-]+", sentence)) == no_twin
+    assert 'forceSingleInstance="on"' in text.split("rsyslog (RainerScript)")[1]
+
+
+@pytest.mark.parametrize("args, pointer", [
+    (["--metrics-file", "/nonexistent-dfx/m.prom"], "(see --help-all)"),
+    (["--linger", "x"], "(see --help)"),
+])
+def test_usage_error_points_to_the_help_that_lists_the_option(args, pointer):
+    proc = subprocess.run([ZMQPUSH, *args], stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.decode().rstrip().endswith(pointer), proc.stderr
+
+
+@pytest.mark.parametrize("failures, fixed, part", [
+    (0, 0, ""),
+    (1, 0, ". 1 line was not a JSON object and went as text (@json_error says why)"),
+    (2, 1, ". 2 lines were not JSON objects and went as text; 1 event had a field moved "
+     "or noted (@json_error says why)"),
+    (0, 3, ". 3 events had a field moved or noted (@json_error says why)"),
+])
+def test_json_closing_counts_in_plain_words(failures, fixed, part):
+    assert zmqpush.json_closing(failures, fixed) == part
+
+
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> dict:
     """A server's and a client's certificates, and a directory of client certificates."""
