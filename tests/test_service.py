@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rsyslog import PrivateRsyslog, available
 from test_rsyslog import binary, omprog, wait_children
-from test_shipping import main_thread_wakeups
+from test_shipping import main_thread_wakeups, wakeups_once_settled
 from test_structured import BOOT_ID, FIRST_MICROS, JOURNAL_REMOTE, export_entry
 
 from conftest import ROOT, ZMQPUSH, Receiver, free_port, start, stop_process
@@ -200,7 +200,6 @@ def test_no_pings_when_watchdog_pid_names_another_process(receiver, notify):
         stop_process(proc)
 
 
-@pytest.mark.alone
 def test_idle_with_notify_and_metrics_file_the_main_thread_never_wakes(receiver, notify,
                                                                         tmp_path):
     metrics = tmp_path / "zmqpush.prom"
@@ -212,8 +211,8 @@ def test_idle_with_notify_and_metrics_file_the_main_thread_never_wakes(receiver,
         proc.stdin.flush()
         assert receiver.wait_for(1, 10) == 1
         assert notify.wait_for(status_with("1 read, 1 sent"))
-        time.sleep(5.0)  # the last looks at the counters, the replay window's quiet checks
-        assert main_thread_wakeups(proc) == 0
+        # after the last looks at the counters and the replay window's quiet checks
+        assert wakeups_once_settled(proc) == 0
         # Asleep, the publisher wakes for the next line and says it.
         proc.stdin.write(b"a second line\n")
         proc.stdin.flush()
@@ -225,7 +224,6 @@ def test_idle_with_notify_and_metrics_file_the_main_thread_never_wakes(receiver,
         stop_process(proc)
 
 
-@pytest.mark.alone
 def test_idle_with_the_receiver_down_the_publisher_sleeps_until_one_connects(notify,
                                                                              tmp_path):
     """Lines wait, but with no receiver nothing can change them: no look at the
@@ -239,8 +237,8 @@ def test_idle_with_the_receiver_down_the_publisher_sleeps_until_one_connects(not
         proc.stdin.write(b"one line, no receiver\n")
         proc.stdin.flush()
         assert notify.wait_for(status_with("1 read, 0 sent"))
-        time.sleep(3.0)  # start-up, the one-time notice, the last look
-        assert main_thread_wakeups(proc) == 0
+        # after start-up, the one-time notice and the last look
+        assert wakeups_once_settled(proc) == 0
         receiver = Receiver(port)
         assert receiver.wait_for(1, 10) == 1
         assert notify.wait_for(status_with("1 read, 1 sent", "1 receivers connected"))
