@@ -94,18 +94,21 @@ def alone(item) -> bool:
     return item.get_closest_marker("alone") is not None
 
 
-# Modules whose tests take longest (crash loops, receivers and rsyslogd restarted, peak
-# RSS under large inputs: up to 2 minutes each on a loaded machine) go first, so that
-# they do not end the run alone.
-LONGEST_FIRST = ("test_replay.py", "test_spool.py", "test_memory.py", "test_confirm_restart.py",
-                 "test_spool_limits.py", "test_spool_rsyslog.py")
+# Modules whose tests take longest (crash loops, receivers and rsyslogd restarted, a real
+# pip install, peak RSS under large inputs: up to 2 minutes each on a loaded machine) go
+# first, in this order (the module of the longest test first), so that they do not end
+# the run alone.
+LONGEST_FIRST = ("test_replay.py", "test_confirm_restart.py", "test_installed.py",
+                 "test_spool_rsyslog.py", "test_spool.py", "test_memory.py",
+                 "test_spool_limits.py", "test_replay_at_end.py")
 
 
 def pytest_collection_modifyitems(items):
     """The longest modules first; the `alone` tests last, in a row: xdist hands them out
     once the others have all been handed out, and they then run one after another while
     nothing else runs."""
-    items.sort(key=lambda item: (alone(item), item.path.name not in LONGEST_FIRST))
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (alone(item), rank.get(item.path.name, len(rank))))
 
 
 @pytest.fixture(scope="session")

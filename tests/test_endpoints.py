@@ -8,7 +8,6 @@ import subprocess
 import threading
 import time
 
-import pytest
 import zmq
 
 from conftest import cli, closing_count, env_with, free_port, unstamped, wait_until
@@ -170,7 +169,6 @@ def receive_all(peers: list, lines: int) -> int:
     return received
 
 
-@pytest.mark.alone
 def test_bind_peers_past_the_open_files_limit_are_held_off_without_spinning():
     """Past the limit libzmq retried accept() at every wake-up (about 80% of a
     core while peers waited; a spinning thread gets its share of a core even
