@@ -274,8 +274,12 @@ def test_one_of_two_receivers_lost_replays_the_window_once():
     other socket still takes messages."""
     kept, lost = Receiver(free_port()), Receiver(free_port())
     proc = start(["-c", lost.endpoint, "-c", kept.endpoint])
+    said: list = []
+    listener = threading.Thread(target=lambda: said.extend(proc.stderr), daemon=True)
+    listener.start()
     try:
-        time.sleep(0.5)  # both connected
+        assert wait_until(lambda: sum(b"receiver connected" in line for line in said) == 2,
+                          30, 0.01), said
         proc.stdin.write(b"".join(b"line %d\n" % i for i in range(1000)))
         proc.stdin.flush()
         assert lost.wait_for(1000, 10) == 1000  # the first takes them while it can
@@ -288,7 +292,8 @@ def test_one_of_two_receivers_lost_replays_the_window_once():
         copies = collections.Counter(json.loads(f)["message"] for f in kept.frames + lost.frames)
         assert len(copies) == 1000 and max(copies.values()) == 2, collections.Counter(
             copies.values())
-        assert b"Replayed 1000 messages after 1 receiver disconnects" in proc.stderr.read()
+        listener.join(10)
+        assert b"Replayed 1000 messages after 1 receiver disconnects" in b"".join(said)
     finally:
         kept.stop()
         lost.stop()
