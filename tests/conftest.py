@@ -151,7 +151,7 @@ class Receiver:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
-        assert self._ready.wait(5), "receiver did not bind"
+        assert self._ready.wait(15), "receiver did not bind"
 
     def _run(self):
         sock = zmq.Context.instance().socket(zmq.PULL)
@@ -162,7 +162,7 @@ class Receiver:
         if self._connect:
             sock.connect(self._connect)
         else:
-            sock.bind(self.endpoint)
+            self._bind(sock)
         self._ready.set()
         try:
             while not self._stop.is_set():
@@ -174,6 +174,20 @@ class Receiver:
                             break
         finally:
             sock.close()
+
+    def _bind(self, sock):
+        """Bind, retrying for up to 10 s while the port is in use: a receiver
+        stopped on it just before (stop() waits 5 s for its thread) may not have
+        closed its socket yet on a loaded machine."""
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                sock.bind(self.endpoint)
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
     def wait_for(self, count: int, timeout: float = 30.0) -> int:
         """Wait until count frames arrived or timeout; returns the count."""
