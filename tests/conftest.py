@@ -94,18 +94,21 @@ def alone(item) -> bool:
     return item.get_closest_marker("alone") is not None
 
 
-# Modules whose tests take longest (crash loops, receivers and rsyslogd restarted, peak
-# RSS under large inputs: up to 2 minutes each on a loaded machine) go first, so that
-# they do not end the run alone.
-LONGEST_FIRST = ("test_replay.py", "test_spool.py", "test_memory.py", "test_confirm_restart.py",
-                 "test_spool_limits.py", "test_spool_rsyslog.py")
+# Modules whose tests take longest (crash loops, receivers and rsyslogd restarted, a real
+# pip install, peak RSS under large inputs: up to 2 minutes each on a loaded machine) go
+# first, in this order (the module of the longest test first), so that they do not end
+# the run alone.
+LONGEST_FIRST = ("test_replay.py", "test_confirm_restart.py", "test_installed.py",
+                 "test_spool_rsyslog.py", "test_spool.py", "test_memory.py",
+                 "test_spool_limits.py", "test_replay_at_end.py")
 
 
 def pytest_collection_modifyitems(items):
     """The longest modules first; the `alone` tests last, in a row: xdist hands them out
     once the others have all been handed out, and they then run one after another while
     nothing else runs."""
-    items.sort(key=lambda item: (alone(item), item.path.name not in LONGEST_FIRST))
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (alone(item), rank.get(item.path.name, len(rank))))
 
 
 @pytest.fixture(scope="session")
@@ -148,7 +151,7 @@ class Receiver:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
-        assert self._ready.wait(5), "receiver did not bind"
+        assert self._ready.wait(15), "receiver did not bind"
 
     def _run(self):
         sock = zmq.Context.instance().socket(zmq.PULL)
@@ -159,7 +162,7 @@ class Receiver:
         if self._connect:
             sock.connect(self._connect)
         else:
-            sock.bind(self.endpoint)
+            self._bind(sock)
         self._ready.set()
         try:
             while not self._stop.is_set():
@@ -171,6 +174,20 @@ class Receiver:
                             break
         finally:
             sock.close()
+
+    def _bind(self, sock):
+        """Bind, retrying for up to 10 s while the port is in use: a receiver
+        stopped on it just before (stop() waits 5 s for its thread) may not have
+        closed its socket yet on a loaded machine."""
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                sock.bind(self.endpoint)
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
     def wait_for(self, count: int, timeout: float = 30.0) -> int:
         """Wait until count frames arrived or timeout; returns the count."""

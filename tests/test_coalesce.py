@@ -8,13 +8,11 @@ import signal
 import time
 
 import pytest
-from test_shipping import main_thread_wakeups
+from test_shipping import wakeups_once_settled
 
 from conftest import closing_count, start, stop_process
 
-# Each test measures when lines arrive: alone (tests/README.md).
-pytestmark = pytest.mark.alone
-
+# The tests that measure when lines arrive run alone (tests/README.md).
 WINDOW = 1.0
 
 
@@ -24,6 +22,7 @@ def arrival_after(receiver, count: int, since: float, timeout: float = 10) -> fl
     return time.monotonic() - since
 
 
+@pytest.mark.alone
 def test_a_line_after_a_quiet_spell_is_read_at_once_and_the_next_waits_out_the_window(
         receiver):
     proc = start(["-q", "-c", receiver.endpoint, "--coalesce", str(WINDOW)])
@@ -44,6 +43,7 @@ def test_a_line_after_a_quiet_spell_is_read_at_once_and_the_next_waits_out_the_w
     assert receiver.messages() == ["after a quiet spell", "within the window"]
 
 
+@pytest.mark.alone
 def test_window_0_reads_every_line_at_once(receiver):
     proc = start(["-q", "-c", receiver.endpoint, "--coalesce", "0"])
     try:
@@ -77,6 +77,7 @@ def test_lines_written_within_windows_arrive_complete_and_in_order(receiver):
     assert receiver.messages() == [line.decode() for line in lines]
 
 
+@pytest.mark.alone
 def test_confirm_replies_to_each_line_with_no_window(receiver):
     proc = start(["-q", "-c", receiver.endpoint, "--confirm", "--coalesce", str(WINDOW)])
     try:
@@ -94,6 +95,7 @@ def test_confirm_replies_to_each_line_with_no_window(receiver):
     assert receiver.wait_for(5) == 5
 
 
+@pytest.mark.alone
 def test_end_of_input_within_a_window_ends_it_and_loses_nothing(receiver):
     proc = start(["-q", "-c", receiver.endpoint, "--coalesce", str(WINDOW)])
     try:
@@ -115,6 +117,7 @@ def test_end_of_input_within_a_window_ends_it_and_loses_nothing(receiver):
     assert receiver.messages() == ["first", "second", "third"]
 
 
+@pytest.mark.alone
 def test_sigterm_within_a_window_ends_it_and_reads_all_that_came_in_it(receiver):
     """More than one read takes (48 KiB, where a read after short ones asks for 32)."""
     proc = start(["-q", "-c", receiver.endpoint, "--coalesce", str(WINDOW)])
@@ -147,8 +150,7 @@ def test_after_a_burst_of_coalesced_lines_an_idle_run_never_wakes(receiver):
             proc.stdin.flush()
             time.sleep(0.002)
         assert receiver.wait_for(200, 10) == 200
-        time.sleep(2.0)  # the last window, the quiet checks of the sender
-        assert main_thread_wakeups(proc) == 0
+        assert wakeups_once_settled(proc) == 0  # after the last window and quiet checks
         proc.stdin.close()
         assert proc.wait(10) == 0
     finally:

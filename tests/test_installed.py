@@ -138,7 +138,6 @@ def test_a_fifo_named_like_a_segment_is_refused_not_opened(tmp_path):
     assert sorted(p.name for p in data.iterdir()) == ["00000000000000000000.seg"]
 
 
-@pytest.mark.alone
 def test_production_install_a_venv_with_its_command_linked_into_a_bin_directory(
         tmp_path, receiver):
     """The README's install for production, in a temporary prefix instead of /opt and

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_shipping import main_thread_wakeups
+from test_shipping import wakeups_once_settled
 
 from conftest import Receiver, free_port, run, start, stop_process, unstamped
 
@@ -492,24 +492,30 @@ def test_sigusr1_ships_the_pending_event_before_it_reports(receiver):
         stop_process(proc)
 
 
-@pytest.mark.alone
 def test_the_quiet_timeout_ships_the_event_then_the_loop_sleeps(receiver):
-    """The pending event leaves after the timeout while stdin stays open; the
-    timer runs only while an event is pending: afterwards no wake-up."""
-    proc = pending_trace(receiver, "--multiline-timeout", "1.5")
+    """The pending event leaves after the timeout while stdin stays open (no
+    sooner: load only delays it); the timer runs only while an event is pending:
+    afterwards no wake-up."""
+    proc = start(["-q", "-c", receiver.endpoint, "--multiline", "python",
+                  "--multiline-timeout", "0.5"])
     try:
-        assert receiver.wait_for(2, 0.5) == 1  # still pending
+        proc.stdin.write(b"before\n")
+        proc.stdin.flush()
+        assert receiver.wait_for(1, 10) == 1
+        written = time.monotonic()
+        proc.stdin.write(b"Traceback (most recent call last):\n  File \"x\", line 1\n"
+                         b"ValueError: v\n")
+        proc.stdin.flush()
         assert receiver.wait_for(2, 10) == 2
+        assert time.monotonic() - written >= 0.5
         assert receiver.messages() == ["before", TRACE_TEXT]
-        time.sleep(2.0)  # the quiet checks of the replay window, as in test_shipping
-        assert main_thread_wakeups(proc) == 0
+        assert wakeups_once_settled(proc) == 0
         proc.stdin.close()
         assert proc.wait(10) == 0
     finally:
         stop_process(proc)
 
 
-@pytest.mark.alone
 def test_idle_with_no_event_pending_the_main_thread_never_wakes(receiver):
     """Ordinary lines leave at once and hold nothing: no timer runs."""
     proc = start(["-q", "-c", receiver.endpoint, "--multiline",
@@ -518,8 +524,7 @@ def test_idle_with_no_event_pending_the_main_thread_never_wakes(receiver):
         proc.stdin.write(b"one line, then silence\n")
         proc.stdin.flush()
         assert receiver.wait_for(1, 10) == 1
-        time.sleep(2.0)  # the first delivery, the replay window's quiet checks
-        assert main_thread_wakeups(proc) == 0
+        assert wakeups_once_settled(proc) == 0
         proc.stdin.close()
         assert proc.wait(10) == 0
     finally:

@@ -372,7 +372,9 @@ def test_sink_raw_prints_every_frame_as_it_came():
     try:
         result = run(["--batch", "-c", endpoint, "--field", "env=prod", "app"],
                      b"one\ntwo\tx\nthree\n")
-        assert result.returncode == 0, result.stderr
+        # The sink leaves once it has the 3: a zmqpush that hears it go before its own
+        # end replays to no one and exits 3 (at load 15, 2 runs of 3; test_replay_at_end)
+        assert result.returncode in (0, 3), result.stderr
         out, _ = sink.communicate(timeout=20)
     finally:
         stop_process(sink)

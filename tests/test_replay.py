@@ -4,6 +4,7 @@ and recognisable.  Receivers are set up like logstash-input-zeromq's socket
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -236,14 +237,49 @@ def test_confirm_mode_loses_no_line_answered_ok_over_many_receiver_restarts():
         stop_process(proc)
 
 
+def test_confirm_mode_counts_a_replay_written_into_the_transport():
+    """--confirm writes a replay into the transport whole (rsyslog's lines get
+    replies meanwhile); it counts as replayed once it leaves the transport: the
+    closing line says so, and nothing is said lost (exit 0)."""
+    port = free_port()
+    proc = start(["--confirm", "-c", f"tcp://127.0.0.1:{port}"])
+    said: list = []
+    listener = threading.Thread(target=lambda: said.extend(proc.stderr), daemon=True)
+    listener.start()
+    lines, accepted = [f"confirmed {i}" for i in range(100)], []
+    receiver = Receiver(port)
+    try:
+        speak_confirm(proc, lines, accepted, time.monotonic() + 30, close=False)
+        assert receiver.wait_for(len(lines), 10) == len(lines)
+        receiver.stop()
+        assert wait_until(lambda: any(b"replaying" in line for line in said), 10, 0.01), said
+        replaying = re.search(rb"replaying (\d+) events", b"".join(said))
+        receiver = Receiver(port)
+        assert receiver.wait_for(int(replaying.group(1)), 10) == int(replaying.group(1))
+        proc.stdin.close()
+        code = proc.wait(30)
+        listener.join(10)
+    finally:
+        receiver.stop()
+        stop_process(proc)
+    stderr = b"".join(said).decode()
+    assert code == 0, stderr
+    assert f"Replayed {replaying.group(1).decode()} messages after 1 receiver disconnects" \
+        in stderr, stderr
+
+
 def test_one_of_two_receivers_lost_replays_the_window_once():
     """Two -c receivers, one stopped for good: the window goes to the other one
     once (each line at most twice), not again after REPLAY_AFTERMATH because the
     other socket still takes messages."""
     kept, lost = Receiver(free_port()), Receiver(free_port())
     proc = start(["-c", lost.endpoint, "-c", kept.endpoint])
+    said: list = []
+    listener = threading.Thread(target=lambda: said.extend(proc.stderr), daemon=True)
+    listener.start()
     try:
-        time.sleep(0.5)  # both connected
+        assert wait_until(lambda: sum(b"receiver connected" in line for line in said) == 2,
+                          30, 0.01), said
         proc.stdin.write(b"".join(b"line %d\n" % i for i in range(1000)))
         proc.stdin.flush()
         assert lost.wait_for(1000, 10) == 1000  # the first takes them while it can
@@ -256,7 +292,8 @@ def test_one_of_two_receivers_lost_replays_the_window_once():
         copies = collections.Counter(json.loads(f)["message"] for f in kept.frames + lost.frames)
         assert len(copies) == 1000 and max(copies.values()) == 2, collections.Counter(
             copies.values())
-        assert b"Replayed 1000 messages after 1 receiver disconnects" in proc.stderr.read()
+        listener.join(10)
+        assert b"Replayed 1000 messages after 1 receiver disconnects" in b"".join(said)
     finally:
         kept.stop()
         lost.stop()

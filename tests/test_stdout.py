@@ -117,7 +117,6 @@ def zmq_threads(pid: int) -> list:
     return [name for name in names if name.startswith("ZMQbg")]
 
 
-@pytest.mark.alone
 def test_stdout_reader_that_pauses_holds_input_back_in_bounded_memory():
     """stdout a pipe nobody reads for a while: the input waits (backpressure),
     memory stays bounded, no ZeroMQ thread runs; once read, every line comes
