@@ -168,7 +168,8 @@ CONTAINER_FIELDS = ("stream", "@runtime_time")  # besides message and @timestamp
 # The keys of Logstash's (see RESERVED_CHECKS) whose values the container stage
 # makes valid itself, and the key it marks with: the encoder splices its events
 # (not "@metadata", which --event-id's must merge with).
-CONTAINER_CHECKED_KEYS = frozenset(("@timestamp", "tags", "@version", "event", "@json_error"))
+CONTAINER_CHECKED_KEYS = frozenset(("@timestamp", "tags", "@version", "event", "@json_error",
+                                    "@continues"))
 CONTAINER_STREAMS = 4
 CONTAINER_PARTIAL_QUIET = 1.0
 CONTAINER_LINE_BYTES = 128 << 10
@@ -1219,7 +1220,7 @@ def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     # arrays: a receiver holding RCVHWM large arrays outlasts zmqpush's exit.
     array_bytes = min(batch_bytes, replayable_array_bytes(
         min(replay_bytes, DEFAULT_REPLAY_BYTES) if opt["spool"] else replay_bytes))
-    default_sndhwm = (max(4, zmq_bytes // array_bytes) if opt["batch"]
+    default_sndhwm = (batch_sndhwm(zmq_bytes, array_bytes, max_line_bytes) if opt["batch"]
                       else CONFIRM_SNDHWM if opt["confirm"] and not opt["spool"]
                       and opt["confirm_timeout"] != 0 else DEFAULT_SNDHWM)
     return Config(
@@ -2156,6 +2157,7 @@ def group_events(events: list, array_bytes: int) -> tuple:
 JSON_ERROR_KEY = "@json_error"
 # Where an app's values that zmqpush's own keys replaced are kept (see merged_event).
 REPLACED_KEY = "@json_replaced"
+CONTINUES_KEY = "@continues"
 NUMBER_OUT_OF_RANGE = "a number out of range"
 JSON_FAILURE_TAG = "_jsonparsefailure"
 MAX_JSON_DEPTH = 100
@@ -2248,13 +2250,18 @@ def fix_reserved(obj: dict) -> list:
     return fixes
 
 
-def app_replaced(obj: dict) -> bool:
-    """Whether obj holds a REPLACED_KEY that is not an object: the app's own
-    value, that zmqpush's REPLACED_KEY replaces (see merged_event)."""
-    return REPLACED_KEY in obj and not isinstance(obj[REPLACED_KEY], dict)
+def app_replaced(obj: dict, continues_ours: bool = False) -> bool:
+    """Whether obj holds a value only zmqpush may set, which goes under
+    REPLACED_KEY even where zmqpush sets none (see merged_event): a
+    REPLACED_KEY that is not an object, or a CONTINUES_KEY (a receiver
+    would join the next event to it) unless continues_ours (a stage's mark,
+    see Unwrapping)."""
+    return (CONTINUES_KEY in obj and not continues_ours) or (
+        REPLACED_KEY in obj and not isinstance(obj[REPLACED_KEY], dict))
 
 
-def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = None) -> dict:
+def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = None,
+                 continues_ours: bool = False) -> dict:
     """An app's object (its reserved keys checked) and zmqpush's own keys
     (ours) as one event, no value of the app's lost (README "Structured logs").
 
@@ -2265,7 +2272,9 @@ def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = Non
     caller replaced already); two objects ("@metadata", "host") merge key by
     key, the same way; "@json_error" is always ours.  REPLACED_KEY is ours
     too: the app's own, unless an object (then merged with ours one level,
-    as a stage's before is), is kept under it by its own key."""
+    as a stage's before is), is kept under it by its own key.  So is the
+    app's "@continues", always: only zmqpush's marks a cut event (obj's
+    own is a stage's mark if continues_ours)."""
     ours, kept = dict(ours), dict(kept or {})
     read_time = ours.pop("@timestamp") if "@timestamp" in obj and "@timestamp" in ours else None
     event = dict(obj)
@@ -2276,10 +2285,12 @@ def merged_event(obj: dict, ours: dict, overwrite: bool, kept: dict | None = Non
             event[key] = merged_event(obj[key], value, overwrite)
             if REPLACED_KEY in event[key]:
                 kept[key] = event[key].pop(REPLACED_KEY)
-        elif key == JSON_ERROR_KEY or not overwrite:
+        elif key in (JSON_ERROR_KEY, CONTINUES_KEY) or not overwrite:
             kept[key] = obj[key]
             event[key] = value
-    if kept or app_replaced(obj):
+    if CONTINUES_KEY in obj and CONTINUES_KEY not in ours and not continues_ours:
+        kept[CONTINUES_KEY] = event.pop(CONTINUES_KEY)
+    if kept or app_replaced(obj, continues_ours):
         before = obj.get(REPLACED_KEY)
         if isinstance(before, dict) and not before.keys() & kept.keys():
             kept = {**before, **kept}  # e.g. what a stage kept (Unwrapping): one level
@@ -2346,8 +2357,9 @@ class JsonEncoder(EncoderBase):
                              else b"{" + _json_string(target.encode()) + b":")
         self._message_key = message_key
         self._overwrite = overwrite
-        ours = {k.decode() for k, _ in fields} | {"type", "@pid", "@continues",
+        ours = {k.decode() for k, _ in fields} | {"type", "@pid", CONTINUES_KEY,
                                                    JSON_ERROR_KEY, REPLACED_KEY}
+        self._continues_ours = CONTINUES_KEY in checked  # a stage's pieces
         self._watched = frozenset(ours | set(RESERVED_CHECKS)
                                   | ({message_key} if message_key else set())) - checked
         self._cut = False  # the next line is the last piece of a line that was cut
@@ -2582,11 +2594,13 @@ class JsonEncoder(EncoderBase):
                 kept["message"] = obj["message"]
             obj["message"] = message
         ours = json.loads(b"{" + closing)
-        if not (fixes or moved or app_replaced(obj)) and ours.keys().isdisjoint(obj):
+        if not (fixes or moved or app_replaced(obj, self._continues_ours)) \
+                and ours.keys().isdisjoint(obj):
             return self._splice(body, bool(obj), closing)
         if fixes:
             ours[JSON_ERROR_KEY] = "; ".join(fixes)
-        return self._dump(merged_event(obj, ours, self._overwrite, kept), fixes) or \
+        return self._dump(merged_event(obj, ours, self._overwrite, kept,
+                                       self._continues_ours), fixes) or \
             self._failed(raw, closing, NUMBER_OUT_OF_RANGE)
 
     def _dump(self, event: dict, fixes: list) -> bytes:
@@ -5163,12 +5177,12 @@ def all_held(items: list) -> list:
 class Joining:
     """The joining stage (--multiline, --multiline-pattern): a Joiner (with
     --json or --journal, its ObjectView).  Takes the framer's Segments, gives
-    items: Segments (ParsedLines) and Joined events.  A piece of an over-long line ends the
-    pending event and passes as it is, its last piece too (a line of its
-    own: the pieces give the line back, see README "Long lines"); a run's
-    CR before newline is stripped here where the framer says so.  What the
-    held lines of a ParsedLines (pieces Unwrapping cut) give is counted held
-    too."""
+    items: Segments (ParsedLines) and Joined events.  A piece of an
+    over-long line ends the pending event and passes as it is, its last
+    piece too (a line of its own: the pieces give the line back, see
+    README "Wire format and line handling"); a run's CR before newline is
+    stripped here where the framer says so.  What the held lines of a
+    ParsedLines (pieces Unwrapping cut) give is counted held too."""
 
     def __init__(self, joiner, timeout: float):
         self._joiner = joiner
@@ -7091,6 +7105,18 @@ def max_sockets(config: Config) -> int:
     or what the PUSH sockets and their monitors need if more."""
     return max(LIBZMQ_MAX_SOCKETS,
                ZMQ_SOCKETS_PER_SOCKET * len(socket_parts(config)) + 1)
+
+
+def batch_sndhwm(zmq_bytes: int, array_bytes: int, max_line_bytes: int) -> int:
+    """--batch's SNDHWM: as many messages as zmq_bytes holds, 4 at least.  A
+    message is an array of array_bytes at most, or a line piece longer than
+    that alone: past the default --max-line-bytes they are counted by the
+    longest piece.  (At the default, the formula's room for the longest line
+    covers ZeroMQ's lone long ones: 60 MiB peak measured, 64 KiB lines, a
+    receiver stopped mid-stream.)"""
+    largest = array_bytes if max_line_bytes <= DEFAULT_MAX_LINE_BYTES \
+        else max(array_bytes, max_line_bytes)
+    return max(4, zmq_bytes // largest)
 
 
 def zmq_queue_bytes(batch: bool, replay: bool) -> int:

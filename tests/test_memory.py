@@ -288,23 +288,30 @@ def test_a_receiver_killed_every_0_3_s_keeps_peak_rss_under_64_mib_and_loses_not
 
 
 
-def test_large_lines_for_a_stopped_receiver_stay_under_64_mib():
+@pytest.mark.parametrize("size, count, options", [
+    (60_000, 2_000, ()),
+    (1_000_000, 110, ("--batch", "--max-line-bytes", "1048576")),
+], ids=["60kb", "batch-1mb"])
+def test_large_lines_for_a_stopped_receiver_stay_under_64_mib(size, count, options):
     """2,000 lines of 60 KB (120 MB) for a receiver that is connected but stopped
     (SIGSTOP) for 4 s: ZeroMQ must not queue SNDHWM (1,000) of them, 60 MB, but
-    about 4 MiB.  Peak RSS stays under 64 MiB, and every line arrives once the
-    receiver goes on."""
+    about 4 MiB.  With --batch and 1 MB lines (110 MB), each goes alone as an
+    array of one: SNDHWM is counted by them, not by arrays of --batch-bytes
+    (125 of them were 134-171 MiB).  Peak RSS stays under 64 MiB, and every
+    line arrives once the receiver goes on."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    data = b"".join(b"%d " % i + b"z" * 60_000 + b"\n" for i in range(2_000))
+    data = b"".join(b"%d " % i + b"z" * size + b"\n" for i in range(count))
     sink = subprocess.Popen([sys.executable, SINK, "--bind", endpoint, "--quiet",
                              "--idle", "10"], stdout=subprocess.PIPE, text=True)
-    proc = subprocess.Popen(cli("-q", "-c", endpoint, "--linger", "30"), stdin=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=env_with(None))
+    proc = subprocess.Popen(cli("-q", "-c", endpoint, "--linger", "30", *options),
+                            stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env_with(None))
+    first = size + 4
     try:
-        proc.stdin.write(data[:61_000])  # the first line, to see the receiver connected
+        proc.stdin.write(data[:first])  # the first line, to see the receiver connected
         proc.stdin.flush()
         time.sleep(1)
         os.kill(sink.pid, signal.SIGSTOP)
-        writer = threading.Thread(target=feed, args=(proc, data[61_000:]), daemon=True)
+        writer = threading.Thread(target=feed, args=(proc, data[first:]), daemon=True)
         writer.start()
         deadline = time.monotonic() + 4
         peak = peak_rss_while(proc.pid, lambda: time.monotonic() < deadline)
@@ -319,5 +326,6 @@ def test_large_lines_for_a_stopped_receiver_stay_under_64_mib():
                 p.kill()
                 p.wait(10)
     assert proc.returncode == 0
-    assert summary[:2] == ["received", "2000"] and summary[3:5] == ["(0", "invalid)"], summary
+    assert summary[:2] == ["received", str(count)] and summary[3:5] == ["(0", "invalid)"], \
+        summary
     assert 0 < peak < 64 * 1024, peak

@@ -258,8 +258,8 @@ def test_json_encoder_keeps_every_app_value_its_own_keys_replace():
     assert json.loads(event) == {
         "type": "t", "host": "shipper", "@timestamp": "2020-01-01T00:00:00Z",
         "@json_replaced": {"type": "audit", "host": "web-3", "@metadata": {"_id": "a"},
-                           "@json_replaced": 1},
-        "@continues": "mine", "@metadata": {"_id": "r-0", "k": 1}, "@pid": 7,
+                           "@continues": "mine", "@json_replaced": 1},
+        "@metadata": {"_id": "r-0", "k": 1}, "@pid": 7,
         "event": {"created": "2001-09-09T01:46:40.000Z"}}
     overwrite = zmqpush.JsonEncoder(b"t", 7, batch=False, fields=fields, overwrite=True)
     (event,), _ = overwrite.encode(b'{"type":"audit","event":{"created":"x"}}\n')
@@ -282,6 +282,22 @@ def test_json_encoder_keeps_an_app_s_own_json_replaced_under_its_own():
                                      {"k": 1}]
     assert zmqpush.merged_event({"@json_replaced": "x"}, {"type": "t"}, False) == {
         "@json_replaced": {"@json_replaced": "x"}, "type": "t"}
+
+
+def test_json_encoder_keeps_an_app_s_own_continues_under_json_replaced():
+    """"@continues" is zmqpush's mark of a cut event (a receiver joins the next
+    event to it): an app's own, true or not, goes under "@json_replaced", in a
+    chunk of lines and one by one, with --json-overwrite too."""
+    lines = b'{"msg":"a","@continues":true}\n{"msg":"b","@continues":false}\n'
+    for overwrite in (False, True):
+        encoder = zmqpush.JsonEncoder(b"t", 7, batch=False, overwrite=overwrite)
+        chunked = [json.loads(m) for m in encoder.encode(lines)[0]]
+        one_by_one = [json.loads(encoder.encode(line + b"\n")[0][0])
+                      for line in lines.split(b"\n")[:-1]]
+        assert chunked == one_by_one
+        assert [e.get("@continues") for e in chunked] == [None, None]
+        assert [e["@json_replaced"] for e in chunked] == [{"@continues": True},
+                                                          {"@continues": False}]
 
 
 def test_json_encoder_keeps_the_app_message_and_error_it_replaces():
