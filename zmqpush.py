@@ -5588,8 +5588,10 @@ _READ_EDGES = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
 _HANGUP_EDGES = select.EPOLLRDHUP | select.EPOLLET  # EPOLLHUP and EPOLLERR are implied
 F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 MIN_WINDOW = 0.001  # a shorter window saves no wake-up: the loop's timers count in ms
-# glibc's heap is handed back (malloc_trim) each time this much more was read.
+# glibc's heap is handed back (malloc_trim) each time this much more was read,
+# when its free chunks add up to TRIM_FREE_BYTES or more.
 TRIM_EVERY_BYTES = 4 << 20
+TRIM_FREE_BYTES = 4 << 20
 
 
 class HeapTrimmer:
@@ -5602,8 +5604,11 @@ class HeapTrimmer:
     up to 20 MiB of free, touched pages (measured on JSON lines: 22 MiB of heap
     holding 6).  malloc_trim(0) releases every whole free page, inside the heap
     too, so a hole costs memory again only once reused (JSON lines' peak 50
-    to 56 MiB instead of 58 to 71; the plain path's cost: 1 to 4 ms and about
-    1,000 page faults per 300,000 lines: bench/README.md "Many receivers").
+    to 56 MiB instead of 58 to 71: bench/README.md "Many receivers").  A
+    heap holding less than TRIM_FREE_BYTES free is left as it is: there a
+    trim only hands back the pages the next reads fault in again (1 to 3 MiB
+    at full speed to a fast receiver: 13,000 to 16,000 page faults and their
+    kernel time per million lines, for no lower peak).
     ctypes is imported at the first trim, so short runs do not pay its
     import; where malloc_trim is missing (not glibc) nothing is done."""
 
@@ -5611,6 +5616,7 @@ class HeapTrimmer:
         self._every = every
         self._left = every
         self._trim = None  # libc's malloc_trim, once looked up
+        self._free_bytes = None  # what glibc's heap holds free, once looked up
 
     def read(self, nbytes: int):
         """nbytes more were read: trim when TRIM_EVERY_BYTES have been since the last."""
@@ -5622,12 +5628,32 @@ class HeapTrimmer:
     def _trim_heap(self):
         if self._trim is None:
             try:
-                import ctypes
-                self._trim = ctypes.CDLL(None).malloc_trim
+                self._trim, self._free_bytes = glibc_heap_calls()
             except (ImportError, OSError, AttributeError):  # not glibc
                 self._left = self._every = sys.maxsize
                 return
-        self._trim(0)
+        if self._free_bytes() >= TRIM_FREE_BYTES:
+            self._trim(0)
+
+
+def glibc_heap_calls() -> tuple:
+    """glibc's malloc_trim, and a function that returns the bytes its heap
+    holds in free chunks (mallinfo2's fordblks; mallinfo's before glibc 2.33).
+    Raises ImportError, OSError or AttributeError where glibc is not."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    mallinfo = getattr(libc, "mallinfo2", None)
+    field = ctypes.c_size_t if mallinfo is not None else ctypes.c_int
+    if mallinfo is None:
+        mallinfo = libc.mallinfo
+
+    class MallInfo(ctypes.Structure):
+        _fields_ = [(name, field) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks",
+                                               "keepcost")]
+
+    mallinfo.restype = MallInfo
+    return libc.malloc_trim, lambda: mallinfo().fordblks
 
 
 class StdinReader:

@@ -729,3 +729,32 @@ def test_ready_messages_drains_a_socket_until_it_is_empty_or_closed():
         push.close(linger=0)
         pull.close(linger=0)
         context.term()
+
+
+@pytest.mark.parametrize("free, trims", [(zmqpush.TRIM_FREE_BYTES - 1, 0),
+                                         (zmqpush.TRIM_FREE_BYTES, 2)], ids=["little-free", "free"])
+def test_heap_trimmer_trims_each_few_mib_read_only_a_heap_holding_enough_free(
+        monkeypatch, free, trims):
+    """The heap is trimmed once each `every` bytes read, and only while glibc's
+    heap holds TRIM_FREE_BYTES free or more (less is faulted in again by the
+    next reads: page faults for no lower peak)."""
+    trimmed = []
+    monkeypatch.setattr(zmqpush, "glibc_heap_calls", lambda: (trimmed.append, lambda: free))
+    heap = zmqpush.HeapTrimmer(every=1000)
+    for _ in range(25):
+        heap.read(100)
+    assert trimmed == [0] * trims
+
+
+def test_glibc_heap_calls_see_holes_left_in_the_heap():
+    """Blocks of 64 KiB (glibc's heap, below its mapping threshold) freed
+    between kept ones: the free bytes grow by about what was freed."""
+    trim, free_bytes = zmqpush.glibc_heap_calls()
+    blocks, kept = [], []
+    for _ in range(64):
+        blocks.append(b"x" * (64 << 10))
+        kept.append(b"k" * 1000)
+    held = free_bytes()
+    del blocks
+    assert free_bytes() - held >= 3 << 20
+    assert trim(0) in (0, 1)
