@@ -61,12 +61,15 @@ def wait_for_lines(path, count: int, timeout: float = 20.0) -> bool:
     return False
 
 
-def wait_quiet(paths, quiet: float = 1.5, timeout: float = 30.0):
-    """Wait until none of the files grew for `quiet` seconds."""
+def wait_quiet(paths, quiet: float = 1.5, timeout: float = 30.0, *, complete: int = 0):
+    """Wait until none of the files grew for `quiet` seconds, or (complete > 0)
+    until together they hold `complete` distinct lines: all there is to get."""
     deadline, last, since = time.monotonic() + timeout, None, time.monotonic()
     while time.monotonic() < deadline:
         sizes = [p.stat().st_size if p.exists() else 0 for p in paths]
         if sizes != last:
+            if complete and len({n for p in paths for n in numbers(p)}) >= complete:
+                return
             last, since = sizes, time.monotonic()
         elif time.monotonic() - since > quiet:
             return
@@ -142,7 +145,7 @@ class Run:
             os.kill(proc.pid, signal.SIGCONT)
         self.shipper.stdin.close()
         code = self.shipper.wait(60)
-        wait_quiet(self.outs)
+        wait_quiet(self.outs, complete=self.written)
         return code
 
     def got(self) -> set:
