@@ -296,9 +296,10 @@ def test_without_a_spool_the_same_producer_blocks_while_the_receiver_is_down():
 CRASH_LINE = b"%08d-abcdefghij\n"  # 20 bytes: line n is at n * 20
 CRASH_KILLS = 12
 # Unread input each run starts with (topped up between runs, none reading):
-# more than a run reads before its kill, so none reaches the end, and the last
-# run ships only this much rather than what 12 runs might have needed.
-CRASH_AHEAD = 6 * MIB
+# more than a run reads before its kill (up to 1.8 MB seen, --batch), so none
+# reaches the end, and the last run ships only this much rather than what 12
+# runs might have needed.
+CRASH_AHEAD = 8 * MIB
 
 
 def top_up(source: Path, lines: int, began: int) -> int:
