@@ -152,8 +152,9 @@ def lines_in(path) -> collections.Counter:
         return collections.Counter()
 
 
-def wait_delivered(paths: list, sent: list, timeout: float = 60, still: float = 8):
-    """Wait until every file holds every line sent, or none grew for `still` seconds."""
+def wait_delivered(paths: list, sent: list, timeout: float = 60, still: float = 5):
+    """Wait until every file holds every line sent, or none grew for `still` seconds
+    (rsyslog retries a refused line every resumeInterval, 1 s, 2 s after 10 tries)."""
     deadline, last, since = time.monotonic() + timeout, None, time.monotonic()
     while time.monotonic() < deadline:
         counts = [len(lines_in(p)) for p in paths]
@@ -164,6 +165,14 @@ def wait_delivered(paths: list, sent: list, timeout: float = 60, still: float = 
         elif time.monotonic() - since > still:
             return
         time.sleep(0.3)
+
+
+def wait_flowing(path, lines: int, timeout: float = 30):
+    """Wait until the receiver wrote `lines` lines (zmqpush started and
+    shipping), at most timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and sum(lines_in(path).values()) < lines:
+        time.sleep(0.1)
 
 
 def append_to(path):
@@ -208,7 +217,7 @@ def restart_while_receiver_away(tmp_path, *, spool: bool, sigstop: bool, rate: i
     try:
         rs.start()
         feeder.start()
-        time.sleep(2.5)
+        wait_flowing(received, rate)
         if sigstop:
             recv.send_signal(signal.SIGSTOP)
         else:

@@ -61,12 +61,15 @@ def wait_for_lines(path, count: int, timeout: float = 20.0) -> bool:
     return False
 
 
-def wait_quiet(paths, quiet: float = 1.5, timeout: float = 30.0):
-    """Wait until none of the files grew for `quiet` seconds."""
+def wait_quiet(paths, quiet: float = 1.5, timeout: float = 30.0, *, complete: int = 0):
+    """Wait until none of the files grew for `quiet` seconds, or (complete > 0)
+    until together they hold `complete` distinct lines: all there is to get."""
     deadline, last, since = time.monotonic() + timeout, None, time.monotonic()
     while time.monotonic() < deadline:
         sizes = [p.stat().st_size if p.exists() else 0 for p in paths]
         if sizes != last:
+            if complete and len({n for p in paths for n in numbers(p)}) >= complete:
+                return
             last, since = sizes, time.monotonic()
         elif time.monotonic() - since > quiet:
             return
@@ -98,22 +101,27 @@ class Run:
         self.written_at_stop = 0
         self.peak_kib = 0
         self.shipper = None
+        self.writer = None
+        self.stop_writing = threading.Event()
 
     def line(self, n: int) -> bytes:
         return b"%08d " % n + b"x" * (self.size - 10) + b"\n"
 
     def write_until(self, count: int, deadline: float):
-        """Write lines one a write until count, the deadline, or a blocked pipe."""
-        while self.written < count and time.monotonic() < deadline:
+        """Write lines one a write until count, the deadline or stop_writing, or
+        a blocked pipe."""
+        while (self.written < count and time.monotonic() < deadline
+               and not self.stop_writing.is_set()):
             self.shipper.stdin.write(self.line(self.written))
             self.shipper.stdin.flush()
             self.written += 1
             time.sleep(PAUSE)
 
-    def go(self, seconds: float = 20.0):
+    def go(self, seconds: float = 20.0, held: float = 0):
         """Ship BEFORE_STOP lines, stop the first receivers, write up to LINES
-        lines in `seconds` at most (a writer thread; a held producer blocks it),
-        then sample what the running receivers got."""
+        lines in `seconds` at most (a writer thread; a held producer blocks it;
+        held > 0: writing ends once no line went in for that long, zmqpush
+        reading nothing more), then sample what the running receivers got."""
         self.shipper = subprocess.Popen(cli("-q", "--linger", "30", *self.args),
                                         stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                                         env=env_with(None))
@@ -127,11 +135,18 @@ class Run:
             os.kill(proc.pid, signal.SIGSTOP)
         self.at_stop = [len(numbers(out)) for out in self.outs]
         deadline = time.monotonic() + seconds
-        writer = threading.Thread(target=self.write_until, args=(LINES, deadline), daemon=True)
-        writer.start()
-        while writer.is_alive() and time.monotonic() < deadline + 1:
+        self.writer = threading.Thread(target=self.write_until, args=(LINES, deadline),
+                                       daemon=True)
+        self.writer.start()
+        written, since = self.written, time.monotonic()
+        while self.writer.is_alive() and time.monotonic() < deadline + 1:
             self.peak_kib = max(self.peak_kib, vm_peak_rss_kib(self.shipper.pid))
+            if self.written != written:
+                written, since = self.written, time.monotonic()
+            elif held and time.monotonic() - since > held:
+                break
             time.sleep(0.01)
+        self.stop_writing.set()
         wait_quiet(self.running_outs)
         self.peak_kib = max(self.peak_kib, vm_peak_rss_kib(self.shipper.pid))
         self.running_got = sum(len(numbers(out)) for out in self.running_outs)
@@ -140,9 +155,11 @@ class Run:
         """Resume the stopped receivers, end the input; returns the exit code."""
         for proc in self.stopped:
             os.kill(proc.pid, signal.SIGCONT)
+        if self.writer is not None:
+            self.writer.join(30)  # its last write, once the stopped receivers go on
         self.shipper.stdin.close()
         code = self.shipper.wait(60)
-        wait_quiet(self.outs)
+        wait_quiet(self.outs, complete=self.written)
         return code
 
     def got(self) -> set:
@@ -223,7 +240,7 @@ def test_bind_with_a_stopped_peer_keeps_zeromqs_queue_within_the_memory_bound(
     arrives once the peer goes on."""
     run = run_factory(receivers, 1, size, bind=True)
     try:
-        run.go(seconds=8)
+        run.go(seconds=8, held=2)
     finally:
         code = run.finish()
     print(f"\n{run.written} lines of {size} B, peak RSS {run.peak_kib / 1024:.1f} MiB")

@@ -228,7 +228,9 @@ def wait_for_lock(spool: Path, pid: int, timeout: float = 10.0):
 
 # -- 1. the receiver down for the whole input
 
-INPUT_LINES = 2_000_000
+# About 30 MB of JSON: 8 times the 4 MiB queue, 4 times what blocks the same
+# producer without a spool (the next test).
+INPUT_LINES = 500_000
 
 
 def test_receiver_down_for_the_whole_input_the_producer_finishes_then_all_arrives_once_in_order(
@@ -291,10 +293,23 @@ def test_without_a_spool_the_same_producer_blocks_while_the_receiver_is_down():
 
 # -- 2. zmqpush killed again and again
 
-# Enough input that 12 runs do not reach its end: --batch sends faster.
-CRASH_LINES = {"default": 1_000_000, "batch": 3_000_000}
 CRASH_LINE = b"%08d-abcdefghij\n"  # 20 bytes: line n is at n * 20
 CRASH_KILLS = 12
+# Unread input each run starts with (topped up between runs, none reading):
+# more than a run reads before its kill (up to 1.8 MB seen, --batch), so none
+# reaches the end, and the last run ships only this much rather than what 12
+# runs might have needed.
+CRASH_AHEAD = 8 * MIB
+
+
+def top_up(source: Path, lines: int, began: int) -> int:
+    """Append numbered lines to source until CRASH_AHEAD bytes follow offset
+    began; returns how many lines it now holds."""
+    width = len(CRASH_LINE % 0)
+    upto = max(lines, -(-(began + CRASH_AHEAD) // width))
+    with open(source, "ab") as f:
+        f.write(b"".join(CRASH_LINE % i for i in range(lines, upto)))
+    return upto
 
 
 @pytest.mark.parametrize("mode", ["default", "batch"])
@@ -302,11 +317,10 @@ def test_sigkilled_12_times_every_spooled_line_arrives_and_each_run_made_progres
         tmp_path, mode):
     """The runs share one open input file (one offset): each goes on where the
     last one's reads stopped; a kill may lose only what was read and not yet
-    spooled (at most one read)."""
-    width, lines = len(CRASH_LINE % 0), CRASH_LINES[mode]
+    spooled (at most one read). The file grows between runs (top_up)."""
+    width, lines = len(CRASH_LINE % 0), 0
     source = tmp_path / "input"
-    source.write_bytes(b"".join(CRASH_LINE % i for i in range(lines)))
-    size = source.stat().st_size
+    source.write_bytes(b"")
     spool = tmp_path / "spool"
     receiver = FileReceiver(tmp_path / "got")
     # A 4 MiB cap (512 KiB segments, a 1 MiB window): the reader often waits
@@ -321,8 +335,7 @@ def test_sigkilled_12_times_every_spooled_line_arrives_and_each_run_made_progres
             fd = stdin.fileno()
             for run_number in range(CRASH_KILLS):
                 began = offsets[-1]
-                if size - began < 4 * MIB:
-                    break  # leave some of the input to the last run
+                lines = top_up(source, lines, began)
                 with open(tmp_path / f"run{run_number}.err", "wb") as err:
                     proc = start(args, stdin=stdin, stdout=subprocess.DEVNULL, stderr=err)
                 pids.append(proc.pid)
@@ -337,6 +350,7 @@ def test_sigkilled_12_times_every_spooled_line_arrives_and_each_run_made_progres
                 proc.wait(10)
                 offsets.append(os.lseek(fd, 0, os.SEEK_CUR))
                 seen.update(spooled_frames(spool))
+            lines = top_up(source, lines, offsets[-1])
             proc = start(["--linger", "30", *args], stdin=stdin, stdout=subprocess.DEVNULL)
             pids.append(proc.pid)
             code = proc.wait(120)
@@ -347,7 +361,7 @@ def test_sigkilled_12_times_every_spooled_line_arrives_and_each_run_made_progres
             stop_process(proc)
         receiver.stop()
     kills = len(offsets) - 1
-    assert kills >= 10, offsets
+    assert kills == CRASH_KILLS, offsets
     assert code == 0, err
     assert spooled_left(err) == 0
     assert_spool_empty(spool)
