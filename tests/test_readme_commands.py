@@ -371,7 +371,6 @@ def source_copy(tmp_path: Path) -> Path:
     return source
 
 
-@pytest.mark.alone
 def test_install_and_try_as_written(tmp_path):
     """Command 1 as written, in a copy: the install part with the network, then the
     demo part in a private network namespace (its port 2120 its own)."""
@@ -388,7 +387,6 @@ def test_install_and_try_as_written(tmp_path):
     assert printed[3].startswith("received 3 events"), printed
 
 
-@pytest.mark.alone
 def test_production_install_as_written(tmp_path):
     """README "Install": the production command with /opt/zmqpush and /usr/local/bin/
     in tmp_path, run in a copy of the checkout; the linked command then ships."""
