@@ -132,8 +132,7 @@ def alone(item) -> bool:
 # pip install, peak RSS under large inputs: up to 2 minutes each on a loaded machine) go
 # first after the `alone` tests, in this order (the module of the longest test first), so
 # that they do not end the run alone.
-LONGEST_FIRST = ("test_replay.py", "test_confirm_restart.py", "test_installed.py",
-                 "test_readme_commands.py",
+LONGEST_FIRST = ("test_replay.py", "test_confirm_restart.py", "test_readme_commands.py",
                  "test_spool_rsyslog.py", "test_spool.py", "test_memory.py",
                  "test_spool_limits.py", "test_replay_at_end.py")
 

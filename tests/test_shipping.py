@@ -336,17 +336,19 @@ def main_thread_wakeups(proc, seconds: float = 3.0) -> int:
 
 def wakeups_once_settled(proc, seconds: float = 3.0, timeout: float = 20.0) -> int:
     """The wake-ups of proc's main thread over `seconds`, in the first such window
-    with none, windows looked at one after another for at most `timeout`: what
-    follows start-up (connection events, the first delivery, the replay window's
-    quiet checks) ends in a time the machine's load stretches, but a timer or poll
-    timeout of up to `seconds` wakes the thread in every window.  A sleeping
+    with none, for at most `timeout`: what follows start-up (connection events, the
+    first delivery, the replay window's quiet checks) ends in a time the machine's
+    load stretches, but a timer or poll timeout of up to `seconds` wakes the thread
+    in every window.  A window is looked at once a sixth of it passed with no
+    wake-up (so start-up costs a short window, not a whole one).  A sleeping
     thread's switches are its own: other processes' load adds none, so the tests
     that use this need not run alone."""
     deadline = time.monotonic() + timeout
     while True:
-        wakeups = main_thread_wakeups(proc, seconds)
-        if wakeups == 0 or time.monotonic() >= deadline:
-            return wakeups
+        if main_thread_wakeups(proc, seconds / 6) == 0 or time.monotonic() >= deadline:
+            wakeups = main_thread_wakeups(proc, seconds)
+            if wakeups == 0 or time.monotonic() >= deadline:
+                return wakeups
 
 
 @pytest.mark.parametrize("mode", [[], ["--batch"], ["--confirm"]],
