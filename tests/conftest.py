@@ -6,6 +6,7 @@ by path, through their own #! line.  A session whose installed zmqpush is not th
 checkout's stops before any test, saying how to install it.
 """
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -90,25 +91,58 @@ class RunLock:
         self._tests.close()
 
 
+class AlonePhase:
+    """The run's `alone` tests come first, as one block: each leaves a mark in a
+    directory of this run's own when it has ended (passed, failed or skipped), and an
+    ordinary test starts once every `alone` test of the run has left its mark, so the
+    `alone` tests never wait for ordinary ones to end.  The wait is bounded
+    (MAX_WAIT: a worker that crashed leaves no mark); RunLock alone keeps `alone`
+    tests alone whatever the wait did."""
+
+    MAX_WAIT = 600.0
+
+    def __init__(self, directory: Path, alone_tests: list):
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+        self._marks = directory / f"alone-ended-{run}"
+        self._marks.mkdir(exist_ok=True)
+        self._names = {self._name(nodeid) for nodeid in alone_tests}
+
+    @staticmethod
+    def _name(nodeid: str) -> str:
+        return hashlib.sha1(nodeid.encode()).hexdigest()
+
+    def ended(self, nodeid: str):
+        """Mark the `alone` test nodeid as ended."""
+        (self._marks / self._name(nodeid)).touch()
+
+    def wait_until_over(self):
+        """Return once every `alone` test of the run has ended (or after MAX_WAIT)."""
+        deadline = time.monotonic() + self.MAX_WAIT
+        while time.monotonic() < deadline:
+            if self._names <= set(os.listdir(self._marks)):
+                return
+            time.sleep(0.1)
+
+
 def alone(item) -> bool:
     return item.get_closest_marker("alone") is not None
 
 
 # Modules whose tests take longest (crash loops, receivers and rsyslogd restarted, a real
 # pip install, peak RSS under large inputs: up to 2 minutes each on a loaded machine) go
-# first, in this order (the module of the longest test first), so that they do not end
-# the run alone.
-LONGEST_FIRST = ("test_replay.py", "test_confirm_restart.py", "test_installed.py",
+# first after the `alone` tests, in this order (the module of the longest test first), so
+# that they do not end the run alone.
+LONGEST_FIRST = ("test_replay.py", "test_confirm_restart.py", "test_readme_commands.py",
                  "test_spool_rsyslog.py", "test_spool.py", "test_memory.py",
                  "test_spool_limits.py", "test_replay_at_end.py")
 
 
 def pytest_collection_modifyitems(items):
-    """The longest modules first; the `alone` tests last, in a row: xdist hands them out
-    once the others have all been handed out, and they then run one after another while
-    nothing else runs."""
+    """The `alone` tests first, in a row (xdist hands consecutive tests to a worker:
+    they run one after another on one worker while the others wait in AlonePhase),
+    then the longest modules."""
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: (alone(item), rank.get(item.path.name, len(rank))))
+    items.sort(key=lambda item: (not alone(item), rank.get(item.path.name, len(rank))))
 
 
 @pytest.fixture(scope="session")
@@ -118,10 +152,32 @@ def run_lock(tmp_path_factory):
     lock.close()
 
 
+ALONE_PHASE = pytest.StashKey()
+
+
+def alone_phase(session) -> AlonePhase:
+    """The run's AlonePhase (made on first use: a skipped `alone` test uses no fixture)."""
+    if ALONE_PHASE not in session.config.stash:
+        alone_tests = [item.nodeid for item in session.items if alone(item)]
+        directory = run_lock_directory(session.config._tmp_path_factory)
+        session.config.stash[ALONE_PHASE] = AlonePhase(directory, alone_tests)
+    return session.config.stash[ALONE_PHASE]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    """An `alone` test leaves its mark once it has ended, however it ended."""
+    yield
+    if alone(item):
+        alone_phase(item.session).ended(item.nodeid)
+
+
 @pytest.fixture(autouse=True)
 def alone_or_together(request, run_lock):
     """Every test holds the run's lock (RunLock) from before its other fixtures to after
-    the last of them."""
+    the last of them; an ordinary one starts once the `alone` ones have ended."""
+    if not alone(request.node):
+        alone_phase(request.session).wait_until_over()
     run_lock.take(alone(request.node))
     try:
         yield

@@ -5,13 +5,12 @@ imports the zmqpush module from there must find the module, not the launcher.
 """
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, WATERMARK, ZMQPUSH, env_with, run, unstamped
+from conftest import BIN, WATERMARK, ZMQPUSH, env_with, run, unstamped
 
 SHADOW = 'raise SystemExit("the zmqpush.py in the current directory was imported")\n'
 
@@ -136,28 +135,3 @@ def test_a_fifo_named_like_a_segment_is_refused_not_opened(tmp_path):
     assert proc.returncode == 2
     assert b"'00000000000000000000.seg' in it is not a spool's file" in proc.stderr
     assert sorted(p.name for p in data.iterdir()) == ["00000000000000000000.seg"]
-
-
-def test_production_install_a_venv_with_its_command_linked_into_a_bin_directory(
-        tmp_path, receiver):
-    """The README's install for production, in a temporary prefix instead of /opt and
-    /usr/local/bin: a venv of its own, the command linked onto PATH, shipping a line."""
-    source = tmp_path / "src"  # a copy: pip builds in its source tree, never the checkout's
-    source.mkdir()
-    for name in ("setup.py", "zmqpush.py", "zmqpush-watermark.py", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, source / name)
-    prefix, bindir = tmp_path / "opt" / "zmqpush", tmp_path / "usr" / "local" / "bin"
-    bindir.mkdir(parents=True)
-    for step in (["python3", "-m", "venv", str(prefix)],
-                 [str(prefix / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                  str(source)],
-                 ["ln", "-s", str(prefix / "bin" / "zmqpush.py"), str(bindir)]):
-        done = subprocess.run(step, capture_output=True, timeout=300, cwd=tmp_path)
-        assert done.returncode == 0, (step, done.stderr)
-    env = env_with({"PATH": f"{bindir}:/usr/bin:/bin"})
-    proc = subprocess.run(["zmqpush.py", "-c", receiver.endpoint, "prod"], input=b"shipped\n",
-                          capture_output=True, timeout=60, env=env, cwd="/")
-    assert proc.returncode == 0, proc.stderr
-    assert receiver.wait_for(1, 10) == 1
-    (event,) = receiver.events()
-    assert event["message"] == "shipped" and event["type"] == "prod"

@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 from test_shipping import wakeups_once_settled
+from test_stages import pattern_messages
 
 from conftest import Receiver, free_port, run, start, stop_process, unstamped
 
@@ -311,36 +313,21 @@ def test_lines_made_to_be_slow_for_the_presets_stay_cheap(receiver):
     assert [m.encode() for m in receiver.messages()] == lines
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--multiline-pattern", "NEVER-THERE"], ["a", " b", " c", "d"]),
-    (["--multiline-pattern", "^ "], ["a\n b\n c", "d"]),
-    (["--multiline-pattern", "^[a-z]", "--multiline-negate"], ["a\n b\n c", "d"]),
-    (["--multiline-pattern", "^ ", "--multiline-match", "before"], ["a", " b\n c\nd"]),
-], ids=["never", "after", "negate", "before"])
-def test_pattern_follows_filebeat_s_negate_and_match(receiver, args, expected):
-    ship(receiver, b"a\n b\n c\nd\n", *args)
-    assert receiver.messages() == expected
-
-
 FILEBEAT_JAVA = r"^[[:space:]]+(at|\.{3})[[:space:]]+\b|^Caused by:"
 
 
 def test_filebeat_s_java_pattern_reads_posix_classes_as_go_does(tmp_path):
     """Filebeat's documented Java pattern: [[:space:]] is Go's whitespace class (to
-    Python's re alone it is a set of the characters :space and a warning on stderr)."""
+    Python's re alone it is a set of the characters :space, and a warning).  The
+    Joiner in this process, with the rule the options name, on a real JVM's trace."""
     data, _ = interleaved(java_traces(tmp_path))
-    events = {}
-    for name, pattern in (("posix", FILEBEAT_JAVA),
-                          ("python", FILEBEAT_JAVA.replace("[[:space:]]", r"[\t\n\v\f\r ]"))):
-        receiver = Receiver(free_port())
-        try:
-            proc = ship(receiver, data, "--multiline-pattern", pattern)
-            events[name] = receiver.messages()
-        finally:
-            receiver.stop()
-        assert proc.stderr.startswith(b"Processed ")  # -q: no Python warning before it
-    assert events["posix"] == events["python"]
-    assert any(m.count("\n\tat ") > 2 for m in events["posix"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        posix = pattern_messages(data, "--multiline-pattern", FILEBEAT_JAVA)
+    python = pattern_messages(data, "--multiline-pattern",
+                              FILEBEAT_JAVA.replace("[[:space:]]", r"[\t\n\v\f\r ]"))
+    assert posix == python
+    assert any(m.count("\n\tat ") > 2 for m in posix)
 
 
 def test_a_pattern_that_always_matches_makes_events_of_max_lines(receiver):
@@ -348,14 +335,6 @@ def test_a_pattern_that_always_matches_makes_events_of_max_lines(receiver):
     ship(receiver, data, "--multiline-pattern", "", "--multiline-max-lines", "500")
     assert [len(m.splitlines()) for m in receiver.messages()] == [500, 500, 100]
     assert "".join(receiver.messages()).encode() + b"\n" == data
-
-
-def test_the_pattern_sees_only_the_first_bytes_of_a_line(receiver):
-    """A pattern is matched on a line's first 256 bytes: what a slow pattern
-    costs per line is bounded, whatever the line's length."""
-    near, far = b" " * 10 + b"MARK", b" " * 300 + b"MARK"
-    ship(receiver, b"head\n" + near + b"\n" + far + b"\n", "--multiline-pattern", "MARK")
-    assert receiver.messages() == ["head\n" + near.decode(), far.decode()]
 
 
 def test_batch_carries_joined_events_in_arrays_with_their_fields(receiver, tmp_path):

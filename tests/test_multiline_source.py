@@ -11,7 +11,7 @@ import time
 
 import pytest
 from test_multiline import java_traces, python_traces
-from test_shipping import main_thread_wakeups
+from test_shipping import wakeups_once_settled
 from test_structured import BOOT_ID, JOURNAL_REMOTE, export_entry, journalctl
 
 import zmqpush
@@ -381,8 +381,7 @@ def test_the_quiet_timeout_flushes_each_source_on_its_own_then_sleeps(receiver):
         b = TRACE["b"] + "".join(f"\n    frame {n}" for n in range(12))
         assert receiver.wait_for(4, 10) == 4
         assert receiver.messages()[3] == b
-        time.sleep(2.0)  # the replay window's quiet checks, as in test_shipping
-        assert main_thread_wakeups(proc) == 0
+        assert wakeups_once_settled(proc) == 0  # after the replay window's quiet checks
         proc.stdin.close()
         assert proc.wait(10) == 0
     finally:

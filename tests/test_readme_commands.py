@@ -371,7 +371,6 @@ def source_copy(tmp_path: Path) -> Path:
     return source
 
 
-@pytest.mark.alone
 def test_install_and_try_as_written(tmp_path):
     """Command 1 as written, in a copy: the install part with the network, then the
     demo part in a private network namespace (its port 2120 its own)."""
@@ -388,10 +387,10 @@ def test_install_and_try_as_written(tmp_path):
     assert printed[3].startswith("received 3 events"), printed
 
 
-@pytest.mark.alone
-def test_production_install_as_written(tmp_path):
+def test_production_install_as_written(tmp_path, receiver):
     """README "Install": the production command with /opt/zmqpush and /usr/local/bin/
-    in tmp_path, run in a copy of the checkout; the linked command then ships."""
+    in tmp_path, run in a copy of the checkout; the linked command, found on PATH from
+    /, then ships to a receiver, and the linked tool runs."""
     (command,) = [c for c in COMMANDS if COMMANDS[c] == "test_production_install_as_written"]
     assert command in {c for _, c in every_command()}
     bindir = inside(tmp_path, "/usr/local/bin")
@@ -400,10 +399,17 @@ def test_production_install_as_written(tmp_path):
     done = subprocess.run(["bash", "-c", command], cwd=source_copy(tmp_path),
                           capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    shipped = subprocess.run([str(bindir / "zmqpush.py"), "--stdout", "prod"], input=b"line\n",
-                             capture_output=True, timeout=60, env=env_with({}))
+    env = env_with({"PATH": f"{bindir}:/usr/bin:/bin"})
+    shipped = subprocess.run(["zmqpush.py", "-c", receiver.endpoint, "prod"], input=b"shipped\n",
+                             capture_output=True, timeout=60, env=env, cwd="/")
     assert shipped.returncode == 0, shipped.stderr
-    assert json_lines(shipped.stdout)[0]["message"] == "line"
+    assert receiver.wait_for(1, 10) == 1
+    (event,) = receiver.events()
+    assert event["message"] == "shipped" and event["type"] == "prod"
+    tool = subprocess.run(["zmqpush-watermark.py", "--json", "--sndhwm", "7"],
+                          capture_output=True, timeout=60, env=env, cwd="/")
+    assert tool.returncode == 0, tool.stderr
+    assert json.loads(tool.stdout)["sndhwm"] == 7
 
 
 def test_no_check_is_left_without_its_command():

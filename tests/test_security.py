@@ -21,6 +21,7 @@ from rsyslog import ImczmqRsyslog, imczmq_available
 from test_imczmq import LOGTYPE, expected_json, hostile_lines
 from test_shipping import wakeups_once_settled
 
+import zmqpush
 from conftest import (
     Receiver,
     cli,
@@ -529,10 +530,18 @@ def test_options_that_cannot_work_or_would_admit_anyone_are_refused(certs, tmp_p
     names = {"S": certs / "server.key_secret", "P": certs / "server.key",
              "C": certs / "clients", "EMPTY": tmp_path / "empty", "JUNK": tmp_path / "junk",
              "PUBLIC_ONLY": tmp_path / "public-only.key"}
-    proc = run([str(names.get(a, a)) for a in args], b"never read\n", timeout=20)
+    with pytest.raises(zmqpush.UsageError) as refused:
+        zmqpush.parse_options([str(names.get(a, a)) for a in args], {})
+    assert message in str(refused.value)
+
+
+def test_a_refused_security_option_is_one_usage_line_before_anything_is_read():
+    """What the parsing refuses (above, in this process) the command says in one line
+    on stderr, exit 2, reading nothing."""
+    proc = run(["--bind", "tcp://127.0.0.1:9", "--allow", ""], b"never read\n", timeout=20)
     lines = proc.stderr.decode().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, lines)
-    assert message in lines[0], lines
+    assert "not an address or network" in lines[0], lines
 
 
 def test_a_secret_key_open_to_others_is_warned_about_once_and_still_used(certs, tmp_path):

@@ -110,6 +110,33 @@ def test_pattern_rule_after_and_before():
     assert lines_of(out) == [("event", b"a \\\nb \\\nc", 3, False), ("line", b"d", 1, False)]
 
 
+def pattern_messages(data: bytes, *args) -> list:
+    """The messages the Joiner makes of data with the rule these --multiline-pattern
+    options name, parsed as the command line parses them."""
+    multiline = zmqpush.parse_options(["-q", *args], {}).multiline
+    joined = joiner(zmqpush.joining_rule(multiline), multiline.max_lines, multiline.max_bytes)
+    return [text.decode() for _, text, _, _ in lines_of(joined.feed(data) + joined.flush())]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--multiline-pattern", "NEVER-THERE"], ["a", " b", " c", "d"]),
+    (["--multiline-pattern", "^ "], ["a\n b\n c", "d"]),
+    (["--multiline-pattern", "^[a-z]", "--multiline-negate"], ["a\n b\n c", "d"]),
+    (["--multiline-pattern", "^ ", "--multiline-match", "before"], ["a", " b\n c\nd"]),
+], ids=["never", "after", "negate", "before"])
+def test_pattern_follows_filebeat_s_negate_and_match(args, expected):
+    assert pattern_messages(b"a\n b\n c\nd\n", *args) == expected
+
+
+def test_the_pattern_sees_only_the_first_bytes_of_a_line():
+    """A pattern is matched on a line's first 256 bytes: what a slow pattern
+    costs per line is bounded, whatever the line's length."""
+    near, far = b" " * 10 + b"MARK", b" " * 300 + b"MARK"
+    assert pattern_messages(b"head\n" + near + b"\n" + far + b"\n",
+                            "--multiline-pattern", "MARK") == ["head\n" + near.decode(),
+                                                               far.decode()]
+
+
 def test_joiner_cuts_at_its_line_cap_and_says_held_lines():
     join = joiner(zmqpush.PythonRule(), max_lines=3)
     assert join.feed(chunk(TRACE[:2])) == [] and join.pending() == 2
