@@ -101,11 +101,14 @@ class AlonePhase:
 
     MAX_WAIT = 600.0
 
-    def __init__(self, directory: Path, alone_tests: list):
+    def __init__(self, directory: Path, alone_tests: list, alone_first: bool):
         run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
         self._marks = directory / f"alone-ended-{run}"
         self._marks.mkdir(exist_ok=True)
         self._names = {self._name(nodeid) for nodeid in alone_tests}
+        # Another plugin may have put ordinary tests first (--ff, --nf): then an
+        # ordinary test could wait for `alone` ones queued after it, so none waits.
+        self._waits = alone_first
 
     @staticmethod
     def _name(nodeid: str) -> str:
@@ -118,10 +121,11 @@ class AlonePhase:
     def wait_until_over(self):
         """Return once every `alone` test of the run has ended (or after MAX_WAIT)."""
         deadline = time.monotonic() + self.MAX_WAIT
-        while time.monotonic() < deadline:
+        while self._waits and time.monotonic() < deadline:
             if self._names <= set(os.listdir(self._marks)):
                 return
             time.sleep(0.1)
+        self._waits = False  # waited out once (a crashed worker): no later test here waits
 
 
 def alone(item) -> bool:
@@ -159,8 +163,9 @@ def alone_phase(session) -> AlonePhase:
     """The run's AlonePhase (made on first use: a skipped `alone` test uses no fixture)."""
     if ALONE_PHASE not in session.config.stash:
         alone_tests = [item.nodeid for item in session.items if alone(item)]
+        first = all(alone(item) for item in session.items[:len(alone_tests)])
         directory = run_lock_directory(session.config._tmp_path_factory)
-        session.config.stash[ALONE_PHASE] = AlonePhase(directory, alone_tests)
+        session.config.stash[ALONE_PHASE] = AlonePhase(directory, alone_tests, first)
     return session.config.stash[ALONE_PHASE]
 
 
