@@ -142,9 +142,9 @@ LONGEST_FIRST = ("test_replay.py", "test_confirm_restart.py", "test_readme_comma
 
 
 def pytest_collection_modifyitems(items):
-    """The `alone` tests first, in a row (xdist hands consecutive tests to a worker:
-    they run one after another on one worker while the others wait in AlonePhase),
-    then the longest modules."""
+    """The `alone` tests first, in a row (xdist deals them to any worker; their
+    exclusive RunLock runs them one after another while the ordinary tests wait in
+    AlonePhase), then the longest modules."""
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: (not alone(item), rank.get(item.path.name, len(rank))))
 
