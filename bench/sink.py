@@ -7,6 +7,9 @@ event's "message" (with --raw every frame as it came: whole events, a --batch
 array as one line; nothing with --quiet), and at the end prints one line:
 "received N events (M invalid) in S s".  Ends after --count events, after
 --idle seconds without any, or on SIGINT/SIGTERM (within POLL_MS, traffic or not).
+With --hold, --count events do not end it: it stays connected, counting any event
+more, until a signal came and it has --count events, or --idle passes (a sender
+that sees its receiver leave as its input ends keeps the last lines to send again).
 """
 import argparse
 import json
@@ -67,6 +70,14 @@ def drain(sock, most: int = 10_000, most_bytes: int = 4 << 20):
     return frames
 
 
+def done(args, received: int, stopping: list) -> bool:
+    """Whether the receiving loop ends now (see the module docstring)."""
+    counted = bool(args.count) and received >= args.count
+    if args.hold and args.count:
+        return counted and bool(stopping)
+    return counted or bool(stopping)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", default=DEFAULT_BIND,
@@ -74,6 +85,9 @@ def main() -> int:
     p.add_argument("--connect", help="connect to this endpoint instead of binding")
     p.add_argument("--count", type=int, default=0, help="stop after N events")
     p.add_argument("--idle", type=float, default=0, help="stop after S seconds with none")
+    p.add_argument("--hold", action="store_true",
+                   help="with --count: stay connected after N events until SIGTERM/SIGINT "
+                   "(or --idle), counting any event more; a signal before N waits for N")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.add_argument("--raw", action="store_true",
                    help="print every frame as it came (whole events), not the messages")
@@ -97,7 +111,7 @@ def main() -> int:
     received = invalid = 0
     started = last = None
     out = sys.stdout
-    while not stopping and not (args.count and received >= args.count):
+    while not done(args, received, stopping):
         if not sock.poll(POLL_MS):
             if args.idle and last is not None and time.monotonic() - last >= args.idle:
                 break

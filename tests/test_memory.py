@@ -32,10 +32,18 @@ SHAPES = {
 
 
 def sink_ends(count: int, idle: float = 3) -> list:
-    """The sink's options to end: after `count` events when the test knows how
-    many (an event more is then refused, and zmqpush exits 3), else after
+    """The sink's options to end: when the test knows how many events (`count`),
+    once it has them and was told to end (`end_sink`, after zmqpush exited), so it
+    stays connected to the end (a receiver leaving as input ends makes zmqpush keep
+    the last lines to send again: exit 3) and counts any event more; else after
     `idle` seconds without any."""
-    return ["--idle", str(idle), *(["--count", str(count)] if count else [])]
+    return ["--idle", str(idle), *(["--count", str(count), "--hold"] if count else [])]
+
+
+def end_sink(sink, count: int):
+    """Tell a sink holding on after `count` events (sink_ends) to end."""
+    if count:
+        sink.send_signal(signal.SIGTERM)
 
 
 def ship(args: list, data: bytes, count: int = 0) -> tuple:
@@ -52,6 +60,7 @@ def ship(args: list, data: bytes, count: int = 0) -> tuple:
     try:
         peak = peak_rss_while(proc.pid, lambda: proc.poll() is None)
         writer.join(10)
+        end_sink(sink, count)
         summary = sink.communicate(timeout=60)[0].strip()
     finally:
         for p in (proc, sink):
@@ -334,6 +343,7 @@ def test_large_lines_for_a_stopped_receiver_stay_under_64_mib(size, count, optio
         os.kill(sink.pid, signal.SIGCONT)
         peak = max(peak, peak_rss_while(proc.pid, lambda: proc.poll() is None))
         writer.join(10)
+        end_sink(sink, count)
         summary = sink.communicate(timeout=60)[0].split()
     finally:
         for p in (proc, sink):

@@ -62,7 +62,8 @@ def numbers(frames) -> list:
 def test_receiver_paused_3s_mid_stream_loses_nothing(spill):
     port = free_port()
     sink = subprocess.Popen([sys.executable, SINK, "--bind", f"tcp://127.0.0.1:{port}",
-                             "--count", "50000", "--idle", "8"], stdout=subprocess.PIPE)
+                             "--count", "50000", "--hold", "--idle", "8"],
+                            stdout=subprocess.PIPE)
     proc = start(["-c", f"tcp://127.0.0.1:{port}", "--stats", "0.5", *spill])
     try:
         feeder = Feeder(proc, 50_000)
@@ -74,6 +75,7 @@ def test_receiver_paused_3s_mid_stream_loses_nothing(spill):
         os.kill(sink.pid, signal.SIGCONT)
         feeder.join(60)
         assert proc.wait(60) == 0, proc.stderr.read()
+        sink.send_signal(signal.SIGTERM)  # it held on after its 50,000, counting any more
         out = sink.communicate(timeout=30)[0].decode().splitlines()
         assert [int(m.strip('"')) for m in out[:-1]] == list(range(50_000))
         assert out[-1].startswith("received 50000 events (0 invalid)")
