@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from _pytest.assertion import rewrite
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -59,11 +60,40 @@ def pytest_configure(config):
 
 
 def pytest_sessionstart(session):
-    """Stop at once when the tests would run anything but this checkout as installed."""
+    """Stop at once when the tests would run anything but this checkout as installed;
+    else, in xdist's controller, warm the rewrite cache for its workers."""
     why = installed_differs()
     if why:
         pytest.exit(f"{why}: run '{sys.executable} -m pip install .' in {ROOT} first",
                     returncode=4)
+    if starts_workers(session.config):
+        warm_rewrite_cache(session.config)
+
+
+def starts_workers(config) -> bool:
+    """Whether this process is an xdist controller about to start workers (this hook
+    runs before xdist's own pytest_sessionstart, which starts them)."""
+    return (not hasattr(config, "workerinput") and bool(config.getoption("numprocesses", 0))
+            and config.getoption("dist", "no") != "no")
+
+
+def warm_rewrite_cache(config):
+    """Write the assertion-rewritten bytecode of each test module into pytest's own
+    cache (tests/__pycache__/*-pytest-*.pyc) unless it is there already, once, before
+    the workers start: each worker collects every test module, and on a clean clone
+    each would else parse, rewrite and compile them all itself (~3 CPU-s each).  It
+    calls what pytest's import hook calls (private functions of pytest 8 and 9), and
+    writes nothing where Python may not write bytecode (PYTHONDONTWRITEBYTECODE, -B)
+    or assertions are not rewritten (--assert=plain)."""
+    if sys.dont_write_bytecode or config.getoption("assertmode") != "rewrite":
+        return
+    state = config.stash[rewrite.assertstate_key]
+    for module in sorted(Path(__file__).parent.glob("test_*.py")):
+        cache = rewrite.get_cache_dir(module)
+        pyc = cache / (module.name[:-3] + rewrite.PYC_TAIL)
+        if rewrite._read_pyc(module, pyc, state.trace) is None and rewrite.try_makedirs(cache):
+            key, code = rewrite._rewrite_test(module, config)
+            rewrite._write_pyc(state, code, key, pyc)
 
 
 def run_lock_directory(tmp_path_factory) -> Path:
