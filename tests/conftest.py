@@ -51,10 +51,10 @@ def pytest_configure(config):
     user's zmqpush does, however pytest was started.  A process started with SIGINT
     ignored (`pytest ... &` from a shell without job control, nohup) would pass that on
     to every command it starts, and zmqpush keeps a SIGINT ignored at its start ignored
-    (README "Signals"; omprog starts it so): the tests that send SIGINT would then
-    test that set-up instead.  A handler that does nothing keeps this process as deaf
-    to SIGINT as it was started, and exec resets a caught signal to its default in
-    each child (xdist's workers too: they start with Python's own SIGINT handler)."""
+    (README "Exit codes and signals"; omprog starts it so): the tests that send SIGINT
+    would then test that set-up instead.  A handler that does nothing keeps this
+    process as deaf to SIGINT as it was started, and exec resets a caught signal to its
+    default in each child (xdist's workers too: they start with Python's own handler)."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, lambda signum, frame: None)
 
