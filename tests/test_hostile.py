@@ -25,6 +25,7 @@ from conftest import (
     start,
     stop_process,
     unstamped,
+    wait_stop_signals_taken,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -417,6 +418,7 @@ def test_drop_mode_on_dev_zero_still_answers_signals_and_stats():
         proc = start(["-c", "tcp://127.0.0.1:9", "-q", "--when-full", "drop", "--linger", "1",
                       "--stats", "0.2", "--max-line-bytes", "1000"], stdin=zero)
     try:
+        wait_stop_signals_taken(proc)  # a SIGTERM while it starts would end it unread: 0
         time.sleep(1.0)
         os.kill(proc.pid, signal.SIGUSR1)
         time.sleep(0.3)
