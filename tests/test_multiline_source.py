@@ -368,17 +368,17 @@ def test_the_quiet_timeout_flushes_each_source_on_its_own(receiver):
     quiet."""
     proc = pending_sources(receiver, "--multiline-timeout", "0.5")
     try:
-        for n in range(12):  # b continues every 0.1 s: 1.2 s of lines
+        for n in range(15):  # b continues every 0.1 s: 1.5 s of lines
             time.sleep(0.1)
             proc.stdin.write(b'{"p":"b","message":"    frame %d"}\n' % n)
             if n == 0:
                 proc.stdin.write(b'{"p":"c","message":"Traceback (most recent call last):"}\n'
                                  b'{"p":"c","message":"    frame c"}\n')
             proc.stdin.flush()
-            if n == 9:  # 1 s: a's and c's timeouts passed, b's not
+            if n == 12:  # 1.3 s: a's and c's timeouts passed, b's not
                 assert receiver.messages() == [
                     "before", TRACE["a"], "Traceback (most recent call last):\n    frame c"]
-        b = TRACE["b"] + "".join(f"\n    frame {n}" for n in range(12))
+        b = TRACE["b"] + "".join(f"\n    frame {n}" for n in range(15))
         assert receiver.wait_for(4, 10) == 4
         assert receiver.messages()[3] == b
         proc.stdin.close()
