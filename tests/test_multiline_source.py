@@ -362,25 +362,37 @@ TRACE = {"a": 'Traceback (most recent call last):\n  File "x", line 1',
 
 
 @pytest.mark.alone
-def test_the_quiet_timeout_flushes_each_source_on_its_own_then_sleeps(receiver):
+def test_the_quiet_timeout_flushes_each_source_on_its_own(receiver):
     """a goes quiet at once, c a little later, while b's lines keep coming:
     a's and c's events leave each after its own timeout, b's only once b is
-    quiet; then the loop wakes no more."""
-    proc = pending_sources(receiver, "--multiline-timeout", "1.5")
+    quiet."""
+    proc = pending_sources(receiver, "--multiline-timeout", "0.5")
     try:
-        for n in range(12):  # b continues every 0.25 s: 3 s of lines
-            time.sleep(0.25)
+        for n in range(15):  # b continues every 0.1 s: 1.5 s of lines
+            time.sleep(0.1)
             proc.stdin.write(b'{"p":"b","message":"    frame %d"}\n' % n)
             if n == 0:
                 proc.stdin.write(b'{"p":"c","message":"Traceback (most recent call last):"}\n'
                                  b'{"p":"c","message":"    frame c"}\n')
             proc.stdin.flush()
-            if n == 9:  # 2.5 s: a's and c's timeouts passed, b's not
+            if n == 12:  # 1.3 s: a's and c's timeouts passed, b's not
                 assert receiver.messages() == [
                     "before", TRACE["a"], "Traceback (most recent call last):\n    frame c"]
-        b = TRACE["b"] + "".join(f"\n    frame {n}" for n in range(12))
+        b = TRACE["b"] + "".join(f"\n    frame {n}" for n in range(15))
         assert receiver.wait_for(4, 10) == 4
         assert receiver.messages()[3] == b
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+    finally:
+        stop_process(proc)
+
+
+def test_once_the_quiet_timeout_flushed_every_source_the_loop_sleeps(receiver):
+    """Not alone: it measures no time (wakeups_once_settled)."""
+    proc = pending_sources(receiver, "--multiline-timeout", "0.2")
+    try:
+        assert receiver.wait_for(3, 10) == 3
+        assert sorted(receiver.messages()) == sorted(["before", TRACE["a"], TRACE["b"]])
         assert wakeups_once_settled(proc) == 0  # after the replay window's quiet checks
         proc.stdin.close()
         assert proc.wait(10) == 0
