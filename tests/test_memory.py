@@ -20,13 +20,13 @@ PIECE = 64 << 10  # the default --max-line-bytes: a longer line is cut into piec
 # Input and the events it makes: lines, or pieces of PIECE bytes; None where
 # reads decide (a run of CR: where a piece is cut short of a CR that a LF may
 # follow depends on where reads end: 481 pieces seen, and more).
-SHAPES = {
-    "empty-lines": (b"\n" * 1_000_000, 1_000_000),
-    "nul-no-newline": (b"\x00" * (30 * MIB), 30 * MIB // PIECE),
-    "cr-no-newline": (b"\r" * (30 * MIB), None),
-    "quote-lines": ((b'"' * 1000 + b"\n") * 30_000, 30_000),
-    "nul-lines": ((b"\x00" * 1000 + b"\n") * 30_000, 30_000),
-    "huge-then-tiny": ((b"\\" * 200_000 + b"\n" + b"\n" * 50_000) * 20,
+SHAPES = {  # made by the test that ships it (made at import: 150 MB in every worker)
+    "empty-lines": (lambda: b"\n" * 1_000_000, 1_000_000),
+    "nul-no-newline": (lambda: b"\x00" * (30 * MIB), 30 * MIB // PIECE),
+    "cr-no-newline": (lambda: b"\r" * (30 * MIB), None),
+    "quote-lines": (lambda: (b'"' * 1000 + b"\n") * 30_000, 30_000),
+    "nul-lines": (lambda: (b"\x00" * 1000 + b"\n") * 30_000, 30_000),
+    "huge-then-tiny": (lambda: (b"\\" * 200_000 + b"\n" + b"\n" * 50_000) * 20,
                        20 * (-(-200_000 // PIECE) + 50_000)),
 }
 
@@ -101,7 +101,8 @@ def feed(proc, data: bytes):
 @pytest.mark.parametrize("mode", [[], ["--batch"]], ids=["default", "batch"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_every_input_shape_stays_under_64_mib(shape, mode):
-    data, lines = SHAPES[shape]
+    make, lines = SHAPES[shape]
+    data = make()
     code, peak_kib, summary = ship(mode, data, lines or 0)
     assert code == 0
     words = summary.split()
@@ -161,9 +162,9 @@ def test_json_lines_at_full_speed_stay_under_the_bound(json_lines, mode, limit):
     assert peak_kib * 1024 < (limit or 64 * MIB), peak_kib
 
 
-MIB_LINES = {
-    "nul-1mib-lines": (b"\x00" * MIB + b"\n") * 16,
-    "nul-1mib-between-short-ones": ((b"\x00" * MIB + b"\n") + b"x\n" * 20_000) * 5,
+MIB_LINES = {  # made by the test, as SHAPES
+    "nul-1mib-lines": lambda: (b"\x00" * MIB + b"\n") * 16,
+    "nul-1mib-between-short-ones": lambda: ((b"\x00" * MIB + b"\n") + b"x\n" * 20_000) * 5,
 }
 
 
@@ -172,12 +173,13 @@ MIB_LINES = {
 def test_one_mib_lines_fit_the_default_memory_bound(shape, mode):
     """--max-line-bytes 1 MiB, asked for alone, fits 64 MiB: the queue and the
     window (not set) are lowered, and peak RSS stays under the bound."""
-    code, peak_kib, summary = ship(["--max-line-bytes", str(MIB), *mode], MIB_LINES[shape],
-                                   MIB_LINES[shape].count(b"\n"))
+    data = MIB_LINES[shape]()
+    code, peak_kib, summary = ship(["--max-line-bytes", str(MIB), *mode], data,
+                                   data.count(b"\n"))
     assert code == 0
     words = summary.split()
     assert words[0] == "received" and words[3] == "(0" and words[4] == "invalid)", summary
-    assert int(words[1]) == MIB_LINES[shape].count(b"\n"), summary
+    assert int(words[1]) == data.count(b"\n"), summary
     assert peak_kib < 64 * 1024, peak_kib
 
 
