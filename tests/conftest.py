@@ -84,8 +84,11 @@ def warm_rewrite_cache(config):
     each would else parse, rewrite and compile them all itself (~3 CPU-s each).  It
     calls what pytest's import hook calls (private functions of pytest 8 and 9), and
     writes nothing where Python may not write bytecode (PYTHONDONTWRITEBYTECODE, -B)
-    or assertions are not rewritten (--assert=plain)."""
-    if sys.dont_write_bytecode or config.getoption("assertmode") != "rewrite":
+    or assertions are not rewritten (--assert=plain), or where a pytest lacks them."""
+    private = ("assertstate_key", "get_cache_dir", "PYC_TAIL", "_read_pyc", "try_makedirs",
+               "_rewrite_test", "_write_pyc")
+    if (sys.dont_write_bytecode or config.getoption("assertmode") != "rewrite"
+            or not all(hasattr(rewrite, name) for name in private)):
         return
     state = config.stash[rewrite.assertstate_key]
     for module in sorted(Path(__file__).parent.glob("test_*.py")):
