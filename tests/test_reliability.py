@@ -64,7 +64,9 @@ def test_receiver_paused_3s_mid_stream_loses_nothing(spill):
     sink = subprocess.Popen([sys.executable, SINK, "--bind", f"tcp://127.0.0.1:{port}",
                              "--count", "50000", "--hold", "--idle", "8"],
                             stdout=subprocess.PIPE)
-    proc = start(["-c", f"tcp://127.0.0.1:{port}", "--stats", "0.5", *spill])
+    # Input ends while the sink is stopped: --linger 30, not the default 4 s (2 s of
+    # which the stop takes), lets a loaded machine's sink catch up on 40,000 lines.
+    proc = start(["-c", f"tcp://127.0.0.1:{port}", "--stats", "0.5", "--linger", "30", *spill])
     try:
         feeder = Feeder(proc, 50_000)
         feeder.start()
