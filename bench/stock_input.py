@@ -24,10 +24,15 @@ import zmq
 
 def event_lines(frames: list, ids: bool) -> list:
     """One output line per event of the frames (arrays are one event per element).
-    Each frame is one JSON document (strict), parsed in one call for all frames."""
-    docs = json.loads(b"[" + b",".join(frames) + b"]", strict=True)
+    Each frame is one JSON document (strict), parsed in one call for all frames; if
+    that call fails or counts other documents, each frame on its own, as before (a
+    BOM or UTF-16 frame decodes; a bad frame raises)."""
+    try:
+        docs = json.loads(b"[" + b",".join(frames) + b"]", strict=True)
+    except ValueError:
+        docs = []
     if len(docs) != len(frames):
-        raise ValueError("a frame is not one JSON document")
+        docs = [json.loads(frame, strict=True) for frame in frames]
     events = [e for doc in docs for e in (doc if isinstance(doc, list) else [doc])]
     if ids:
         return [json.dumps([e.get("@metadata", {}).get("_id"), e["message"]]) for e in events]
