@@ -84,18 +84,23 @@ def warm_rewrite_cache(config):
     each would else parse, rewrite and compile them all itself (~3 CPU-s each).  It
     calls what pytest's import hook calls (private functions of pytest 8 and 9), and
     writes nothing where Python may not write bytecode (PYTHONDONTWRITEBYTECODE, -B)
-    or assertions are not rewritten (--assert=plain), or where a pytest lacks them."""
+    or assertions are not rewritten (--assert=plain), or where a pytest lacks them;
+    a module it cannot read or compile, or that is no regular file (a FIFO would
+    block the read), is left to collection, which reports or skips it."""
     private = ("assertstate_key", "get_cache_dir", "PYC_TAIL", "_read_pyc", "try_makedirs",
                "_rewrite_test", "_write_pyc")
     if (sys.dont_write_bytecode or config.getoption("assertmode") != "rewrite"
             or not all(hasattr(rewrite, name) for name in private)):
         return
     state = config.stash[rewrite.assertstate_key]
-    for module in sorted(Path(__file__).parent.glob("test_*.py")):
+    for module in sorted(m for m in Path(__file__).parent.glob("test_*.py") if m.is_file()):
         cache = rewrite.get_cache_dir(module)
         pyc = cache / (module.name[:-3] + rewrite.PYC_TAIL)
         if rewrite._read_pyc(module, pyc, state.trace) is None and rewrite.try_makedirs(cache):
-            key, code = rewrite._rewrite_test(module, config)
+            try:
+                key, code = rewrite._rewrite_test(module, config)
+            except (OSError, SyntaxError, ValueError):  # the worker that collects it says
+                continue
             rewrite._write_pyc(state, code, key, pyc)
 
 
