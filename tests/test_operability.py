@@ -321,8 +321,18 @@ def test_every_option_from_the_environment_with_no_arguments(receiver):
     assert event["type"] == "envtype" and event["a"] == "1" and event["b"] == "2"
     assert "@timestamp" in event
     assert b"receiver" not in proc.stderr  # ZMQPUSH_QUIET: no connection event
-    loud = run([], b"from env\n", env={**env, "ZMQPUSH_QUIET": "off"})
-    assert loud.returncode == 0 and b"receiver connected" in loud.stderr
+    # Input ends once the line arrived: a run whose input ended before its connection
+    # was made stops watching connections first, and says none (one run of many so).
+    loud = start([], env={**env, "ZMQPUSH_QUIET": "off"})
+    try:
+        loud.stdin.write(b"from env\n")
+        loud.stdin.flush()
+        assert receiver.wait_for(2) == 2
+        loud.stdin.close()
+        assert loud.wait(30) == 0
+        assert b"receiver connected" in loud.stderr.read()
+    finally:
+        stop_process(loud)
     down = f"tcp://127.0.0.1:{free_port()}"
     lingered = run([], b"x\n", env={**env, "ZMQPUSH_CONNECT": down, "ZMQPUSH_LINGER": "0.3"})
     assert lingered.returncode == 3
