@@ -66,6 +66,21 @@ DEFAULT_LINUX_RCVBUF = 3 << 20
 TAKE_AT_ONCE, TAKE_BYTES = 128, 64 << 10
 
 
+def bind(sock, endpoint: str):
+    """Bind, retrying for up to 10 s while the port is in use: started again on the port
+    of a receiver just killed, another process's connection may hold it as its own
+    ephemeral port for a moment (a restart failed so on a busy machine)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", help="endpoint to bind (the plugin's mode => server)")
@@ -88,7 +103,7 @@ def main() -> int:
     if args.connect:
         sock.connect(args.connect)
     else:
-        sock.bind(args.bind)
+        bind(sock, args.bind)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     out = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
