@@ -22,6 +22,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from ports import free_port
+
 HERE = Path(__file__).resolve().parent
 ZMQPUSH = str(HERE.parent / "zmqpush.py")
 RECEIVER = str(HERE / "stock_input.py")
@@ -44,12 +46,6 @@ def numbered_lines(count: int) -> bytes:
     """count lines "N xxx…" of 20 to 180 bytes, N from 0."""
     return b"".join(b"%d " % i + b"x" * (18 + (i * 37) % 160) + b"\n" for i in range(count))
 
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def id_record(line: str) -> list:

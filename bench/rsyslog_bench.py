@@ -21,7 +21,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from rsyslog import PrivateRsyslog, free_port  # noqa: E402
+from ports import free_port  # noqa: E402
+from rsyslog import PrivateRsyslog  # noqa: E402
 
 ZMQPUSH = HERE.parent / "zmqpush.py"
 TICK = os.sysconf("SC_CLK_TCK")

@@ -48,6 +48,7 @@ from corpus import write_corpus  # noqa: E402
 from cref import Counter  # noqa: E402
 from paced import LOADS  # noqa: E402
 from paced import measure as paced_measure  # noqa: E402
+from ports import free_port  # noqa: E402
 
 TIME = "/usr/bin/time"
 RATES = sorted({rate for rate, per_write in LOADS if per_write == 1})  # paced.py's
@@ -62,12 +63,6 @@ ROWS = {
 SPOOL_CAP = 1 << 30  # zmqpush's default --spool-bytes
 SPOOL_BYTES_PER_LINE = 400  # generous: above it the cap is raised for big --lines
 
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def filesystem(path: str) -> str:

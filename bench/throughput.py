@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from corpus import write_corpus  # noqa: E402
 from cref import Counter, build  # noqa: E402
+from ports import free_port  # noqa: E402
 
 TIME = "/usr/bin/time"
 C_LINE, C_ARRAY = "C, one message per line", "C, one array per read"
@@ -115,12 +116,6 @@ def rows(args, cship: str, certs: str) -> dict:
                                              "-c", "ENDPOINT"],
     }
 
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_sink(lines: int, extra: list):

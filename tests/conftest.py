@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -29,6 +28,8 @@ ZMQPUSH = str(BIN / "zmqpush.py")
 WATERMARK = str(BIN / "zmqpush-watermark.py")
 CHECKOUT_ZMQPUSH = str(ROOT / "zmqpush.py")
 SINK = str(ROOT / "bench" / "sink.py")
+sys.path.insert(0, str(ROOT / "bench"))
+from ports import free_port, release_ports, reservations  # noqa: E402
 
 
 def installed_differs() -> str:
@@ -241,11 +242,14 @@ def alone_or_together(request, run_lock):
         run_lock.release()
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(autouse=True)
+def ports_reserved_for_the_test():
+    """The ports a test takes with free_port() stay reserved until it ends
+    (bench/ports.py says why); those a wider fixture took before it stay longer."""
+    mark = reservations()
+    yield
+    release_ports(mark)
+
 
 
 class Receiver:

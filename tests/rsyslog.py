@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from ports import free_port
+
 RSYSLOGD = shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
 
 CONFIG = """\
@@ -35,11 +37,6 @@ def imczmq_available() -> bool:
     return available() and any(Path(d, "rsyslog", "imczmq.so").exists()
                                for d in ("/usr/lib", *glob.glob("/usr/lib/*-linux-gnu")))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def syslog_frame(message: str) -> bytes:

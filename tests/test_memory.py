@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, SINK, cli, env_with, free_port, unstamped, vm_peak_rss_kib
+from conftest import SINK, cli, env_with, free_port, unstamped, vm_peak_rss_kib
 
 MIB = 1 << 20
 PIECE = 64 << 10  # the default --max-line-bytes: a longer line is cut into pieces
@@ -143,7 +143,6 @@ def json_lines() -> bytes:
     """300,000 JSON lines of a structured logger (bench/corpus.py), 55 MB: 30,000
     of them ten times over (zmqpush's memory depends on the lines' sizes and
     bytes, not on their being distinct; making 300,000 cost 6 CPU-s a worker)."""
-    sys.path.insert(0, str(ROOT / "bench"))
     from corpus import KINDS
     rnd = random.Random(1)
     return b"".join(KINDS["json"](rnd, n) + b"\n" for n in range(30_000)) * 10

@@ -12,14 +12,12 @@ import threading
 import time
 
 import pytest
+from restart import RECEIVER, Outage, numbered_lines
 from rsyslog import PrivateRsyslog, available
+from stock_input import DEFAULT_LINUX_RCVBUF
 from test_rsyslog import binary, confirm_rules
 
-from conftest import ROOT, Receiver, free_port, start, stop_process, wait_until
-
-sys.path.insert(0, str(ROOT / "bench"))
-from restart import RECEIVER, Outage, numbered_lines
-from stock_input import DEFAULT_LINUX_RCVBUF
+from conftest import Receiver, free_port, start, stop_process, wait_until
 
 WINDOW = 16 << 20
 # A replay is the window, which may pass its bound by one Batch (at most 4096
