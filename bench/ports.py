@@ -11,6 +11,9 @@ SO_REUSEADDR, as this reservation does), and no bind(0) or outgoing connection
 on the machine gets it meanwhile.
 """
 import socket
+import time
+
+import zmq
 
 _reserved: list = []
 
@@ -34,3 +37,18 @@ def release_ports(mark: int = 0) -> None:
     """Let go of the ports reserved since reservations() returned mark."""
     while len(_reserved) > mark:
         _reserved.pop().close()
+
+
+def bind_when_free(sock, endpoint: str):
+    """Bind sock, retrying for up to 10 s while the port is in use: a receiver
+    stopped or killed on it just before may not have closed its socket yet on
+    a loaded machine (a restart failed so)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)

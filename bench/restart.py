@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from ports import free_port
+from stock_input import parsed_together
 
 HERE = Path(__file__).resolve().parent
 ZMQPUSH = str(HERE.parent / "zmqpush.py")
@@ -59,15 +60,11 @@ def id_record(line: str) -> list:
 
 
 def id_records(lines: list) -> list:
-    """id_record of each line, the whole lines (one '["' each) parsed in one call."""
+    """id_record of each line, the whole lines (one '["' each) parsed together."""
     whole = [at for at, line in enumerate(lines) if line.count('["') == 1]
-    try:
-        parsed = json.loads("[" + ",".join(lines[at] for at in whole) + "]")
-    except ValueError:  # a torn record took one '["' away: each on its own
-        parsed = []
-    if len(parsed) != len(whole) or not all(isinstance(r, list) and len(r) == 2
-                                            for r in parsed):
-        whole, parsed = [], []
+    parsed = parsed_together([lines[at] for at in whole])
+    if not all(isinstance(r, list) and len(r) == 2 for r in parsed):
+        parsed = []  # a torn record took one '["' away: each on its own
     records = dict(zip(whole, parsed))
     return [records[at] if at in records else id_record(line) for at, line in enumerate(lines)]
 

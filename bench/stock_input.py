@@ -20,19 +20,29 @@ import sys
 import time
 
 import zmq
+from ports import bind_when_free
+
+
+def parsed_together(docs: list) -> list:
+    """docs (JSON documents, all bytes or all str) parsed strictly in one json.loads
+    call, which is much cheaper than one call each; [] if that call fails or yields
+    another count (then the caller parses each on its own)."""
+    if docs and isinstance(docs[0], bytes):
+        joined = b"[" + b",".join(docs) + b"]"
+    else:
+        joined = "[" + ",".join(docs) + "]"
+    try:
+        parsed = json.loads(joined, strict=True)
+    except ValueError:
+        return []
+    return parsed if len(parsed) == len(docs) else []
 
 
 def event_lines(frames: list, ids: bool) -> list:
     """One output line per event of the frames (arrays are one event per element).
-    Each frame is one JSON document (strict), parsed in one call for all frames; if
-    that call fails or counts other documents, each frame on its own, as before (a
-    BOM or UTF-16 frame decodes; a bad frame raises)."""
-    try:
-        docs = json.loads(b"[" + b",".join(frames) + b"]", strict=True)
-    except ValueError:
-        docs = []
-    if len(docs) != len(frames):
-        docs = [json.loads(frame, strict=True) for frame in frames]
+    Each frame is one JSON document (strict), parsed together; failing that, each
+    frame on its own (a BOM or UTF-16 frame decodes; a bad frame raises)."""
+    docs = parsed_together(frames) or [json.loads(frame, strict=True) for frame in frames]
     events = [e for doc in docs for e in (doc if isinstance(doc, list) else [doc])]
     if ids:
         return [json.dumps([e.get("@metadata", {}).get("_id"), e["message"]]) for e in events]
@@ -66,21 +76,6 @@ DEFAULT_LINUX_RCVBUF = 3 << 20
 TAKE_AT_ONCE, TAKE_BYTES = 128, 64 << 10
 
 
-def bind(sock, endpoint: str):
-    """Bind, retrying for up to 10 s while the port is in use: started again on the port
-    of a receiver just killed, another process's connection may hold it as its own
-    ephemeral port for a moment (a restart failed so on a busy machine)."""
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            sock.bind(endpoint)
-            return
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
-                raise
-        time.sleep(0.05)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", help="endpoint to bind (the plugin's mode => server)")
@@ -103,7 +98,7 @@ def main() -> int:
     if args.connect:
         sock.connect(args.connect)
     else:
-        bind(sock, args.bind)
+        bind_when_free(sock, args.bind)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     out = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -29,7 +29,7 @@ WATERMARK = str(BIN / "zmqpush-watermark.py")
 CHECKOUT_ZMQPUSH = str(ROOT / "zmqpush.py")
 SINK = str(ROOT / "bench" / "sink.py")
 sys.path.insert(0, str(ROOT / "bench"))
-from ports import free_port, release_ports, reservations  # noqa: E402
+from ports import bind_when_free, free_port, release_ports, reservations  # noqa: E402
 
 
 def installed_differs() -> str:
@@ -278,7 +278,7 @@ class Receiver:
         if self._connect:
             sock.connect(self._connect)
         else:
-            self._bind(sock)
+            bind_when_free(sock, self.endpoint)
         self._ready.set()
         try:
             while not self._stop.is_set():
@@ -290,20 +290,6 @@ class Receiver:
                             break
         finally:
             sock.close()
-
-    def _bind(self, sock):
-        """Bind, retrying for up to 10 s while the port is in use: a receiver
-        stopped on it just before (stop() waits 5 s for its thread) may not have
-        closed its socket yet on a loaded machine."""
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                sock.bind(self.endpoint)
-                return
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
-                    raise
-            time.sleep(0.05)
 
     def wait_for(self, count: int, timeout: float = 30.0) -> int:
         """Wait until count frames arrived or timeout; returns the count."""
