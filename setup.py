@@ -5,8 +5,8 @@ The installed zmqpush.py command is a small launcher, not a copy of the
 module: a script is compiled from source at every start (about 12 ms for
 zmqpush.py), an installed module is not.  The launcher ignores HUP and USR1
 and blocks TERM and INT (unless INT is ignored) before the imports, until the
-run takes them, as zmqpush.py itself does when run from a checkout (README
-"Signals").
+run takes them, and sends again a SIGINT that CPython dropped just before running
+it, as zmqpush.py itself does when run from a checkout (README "Signals").
 """
 import os
 
@@ -31,6 +31,10 @@ _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGTERM} | (
     {_signal.SIGINT} if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN else set()))
 _signal.signal(_signal.SIGHUP, _signal.SIG_IGN)
 _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
+# A SIGINT that came while CPython looked at this file's path, just before running it,
+# was printed as a KeyboardInterrupt and dropped: sent again, it waits as above.
+if isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+    os.kill(os.getpid(), _signal.SIGINT)
 # This file is named zmqpush.py too: import the module, not this file (its directory
 # may be on the path more than once: first as the script's, again by PYTHONPATH).
 _here = os.path.dirname(os.path.realpath(__file__))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 if __name__ == "__main__":
     # Before the slow imports.  A SIGTERM or SIGINT (unless ignored) that comes
@@ -35,11 +36,15 @@ if __name__ == "__main__":
     # KeyboardInterrupt inside an import.  rsyslog may forward HUP (or USR1) at
     # any moment, and their default action would kill the process: the run's
     # own handlers replace these dispositions later.  (HUP ignored shows that
-    # the others are blocked.)
+    # the others are blocked.)  A SIGINT that came while CPython looked at
+    # this file's path, just before running it, was printed as a
+    # KeyboardInterrupt and dropped (sys.last_value): sent again, it waits too.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM} | (
         {signal.SIGINT} if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else set()))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    if isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
 
 import argparse
 import asyncio
@@ -57,7 +62,6 @@ import select
 import socket
 import stat
 import struct
-import sys
 import termios
 import threading
 import time
