@@ -6,7 +6,7 @@ module: a script is compiled from source at every start (about 12 ms for
 zmqpush.py), an installed module is not.  The launcher ignores HUP and USR1
 and blocks TERM and INT (unless INT is ignored) before the imports, until the
 run takes them, and sends again a SIGINT that CPython dropped just before running
-it, as zmqpush.py itself does when run from a checkout (README "Signals").
+it, as zmqpush.py itself does when run from a checkout (README "Exit codes and signals").
 """
 import os
 
