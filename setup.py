@@ -32,8 +32,11 @@ _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGTERM} | (
 _signal.signal(_signal.SIGHUP, _signal.SIG_IGN)
 _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
 # A SIGINT that came while CPython looked at this file's path, just before running it,
-# was printed as a KeyboardInterrupt and dropped: sent again, it waits as above.
-if isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+# was printed as a KeyboardInterrupt and dropped: sent again, it waits as above.  Only
+# when CPython runs this file itself: run by a REPL (runpy, IPython's %run), an older
+# Ctrl-C's KeyboardInterrupt may be in sys.last_value.
+if sys._getframe().f_back is None and isinstance(getattr(sys, "last_value", None),
+                                                 KeyboardInterrupt):
     os.kill(os.getpid(), _signal.SIGINT)
 # This file is named zmqpush.py too: import the module, not this file (its directory
 # may be on the path more than once: first as the script's, again by PYTHONPATH).

@@ -39,11 +39,14 @@ if __name__ == "__main__":
     # the others are blocked.)  A SIGINT that came while CPython looked at
     # this file's path, just before running it, was printed as a
     # KeyboardInterrupt and dropped (sys.last_value): sent again, it waits too.
+    # Only when CPython runs this file itself (no frame calls it): in a REPL
+    # that ran it (runpy, IPython's %run), sys.last_value is an older Ctrl-C's.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM} | (
         {signal.SIGINT} if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else set()))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    if isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+    if sys._getframe().f_back is None and isinstance(getattr(sys, "last_value", None),
+                                                     KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
 
 import argparse

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from conftest import (
     CHECKOUT_ZMQPUSH,
     WATERMARK,
+    ZMQPUSH,
     cli,
     closing_count,
     env_with,
@@ -649,6 +650,51 @@ def test_a_sigint_cpython_drops_just_before_the_script_still_stops_the_run(
         assert receiver.messages() == ["early one", "early two"]
     finally:
         os.close(write_end)
+        stop_process(proc)
+
+
+# A REPL where Ctrl-C was pressed once at the prompt (the code module, IDLE and IPython
+# alike leave that KeyboardInterrupt in sys.last_value), then zmqpush run in it by
+# runpy, as IPython's %run runs a script: argv is the script and its arguments.
+RUN_AFTER_A_CTRL_C_AT_A_PROMPT = """\
+import code, runpy, sys
+code.InteractiveConsole().push("raise KeyboardInterrupt")
+assert isinstance(sys.last_value, KeyboardInterrupt)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("command", ["installed", "checkout"])
+def test_a_ctrl_c_a_repl_took_before_does_not_stop_a_run_it_starts(receiver, command):
+    """sys.last_value is a KeyboardInterrupt in a REPL that took a Ctrl-C long before:
+    zmqpush run in that process is not interrupted and reads on until its input ends
+    (only a KeyboardInterrupt CPython dropped just before it ran the script itself is
+    sent again: a stop then would read only what waits in the pipe)."""
+    script = ZMQPUSH if command == "installed" else CHECKOUT_ZMQPUSH
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"early one\n")
+    proc = subprocess.Popen(python_script(RUN_AFTER_A_CTRL_C_AT_A_PROMPT, script,
+                                          "-c", receiver.endpoint),
+                            stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env_with({}))
+    os.close(read_end)
+    try:
+        assert receiver.wait_for(1, 20) == 1
+        try:
+            os.write(write_end, b"late two\n")
+        except BrokenPipeError:  # it stopped after the first line: the assertions say so
+            pass
+        os.close(write_end)
+        write_end = None
+        err = proc.communicate(timeout=20)[1]
+        assert proc.returncode == 0, (proc.returncode, err)
+        assert closing_count(err) == 2, err
+        assert receiver.wait_for(2, 10) == 2
+        assert receiver.messages() == ["early one", "late two"]
+    finally:
+        if write_end is not None:
+            os.close(write_end)
         stop_process(proc)
 
 
