@@ -2,7 +2,7 @@
 bytecode once, and the zmqpush.py and zmqpush-watermark.py commands on PATH.
 
 The installed zmqpush.py command is a small launcher, not a copy of the
-module: a script is compiled from source at every start (about 12 ms for
+module: a script is compiled from source at every start (150 ms or so for
 zmqpush.py), an installed module is not.  The launcher ignores HUP and USR1
 and blocks TERM and INT (unless INT is ignored) before the imports, until the
 run takes them, and sends again a SIGINT that CPython dropped just before running
