@@ -560,6 +560,14 @@ def test_sigint_during_start_up_never_gives_a_traceback(delay):
         stop_process(proc)
 
 
+def assert_ran_and_shipped(proc, err: bytes, receiver, lines: list):
+    """The run ended 0, its closing line counted the lines, and the receiver got them."""
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert closing_count(err) == len(lines), err
+    assert receiver.wait_for(len(lines), 10) == len(lines)
+    assert receiver.messages() == lines
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize("since, delay", [("exec", 0.0), ("exec", 0.01), ("exec", 0.03),
                                           ("exec", 0.06), ("launcher", 0.0),
@@ -599,10 +607,7 @@ def test_a_stop_signal_during_start_up_ships_the_lines_already_waiting(receiver,
             assert b"Exception ignored in" in err and b"KeyboardInterrupt" in err, err
         if not launched and proc.returncode in (-signum, 1):
             return  # the interpreter's start, before any line of zmqpush ran
-        assert proc.returncode == 0, (proc.returncode, err)
-        assert closing_count(err) == 2
-        assert receiver.wait_for(2, 10) == 2
-        assert receiver.messages() == ["early one", "early two"]
+        assert_ran_and_shipped(proc, err, receiver, ["early one", "early two"])
     finally:
         if write_end is not None:
             os.close(write_end)
@@ -644,10 +649,7 @@ def test_a_sigint_cpython_drops_just_before_the_script_still_stops_the_run(
     try:
         err = proc.communicate(timeout=20)[1]
         assert b"Failed checking if argv[0]" in err, err  # the SIGINT came where meant
-        assert proc.returncode == 0, (proc.returncode, err)
-        assert closing_count(err) == 2
-        assert receiver.wait_for(2, 10) == 2
-        assert receiver.messages() == ["early one", "early two"]
+        assert_ran_and_shipped(proc, err, receiver, ["early one", "early two"])
     finally:
         os.close(write_end)
         stop_process(proc)
@@ -688,10 +690,7 @@ def test_a_ctrl_c_a_repl_took_before_does_not_stop_a_run_it_starts(receiver, com
         os.close(write_end)
         write_end = None
         err = proc.communicate(timeout=20)[1]
-        assert proc.returncode == 0, (proc.returncode, err)
-        assert closing_count(err) == 2, err
-        assert receiver.wait_for(2, 10) == 2
-        assert receiver.messages() == ["early one", "late two"]
+        assert_ran_and_shipped(proc, err, receiver, ["early one", "late two"])
     finally:
         if write_end is not None:
             os.close(write_end)
